@@ -1,0 +1,48 @@
+# The two commands of the README: `make run` and `make test`. Everything they need is installed
+# here, into .venv, from the package registries; nothing is installed by hand.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install run test check lint typecheck pytest bench clean
+
+install: $(STAMP)
+
+# torch: an already-installed torch (a GPU host's own build) is kept; otherwise the pin in the
+# `experiments` extra (torch==2.13.0) takes the local CPU wheel, never a multi-GB CUDA build.
+$(STAMP): pyproject.toml experiments/harness/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  $(BIN)/python -m pip install -q -e '.[dev]' numpy; \
+	else \
+	  $(BIN)/python -m pip install -q -e '.[dev,experiments]'; \
+	fi
+	$(BIN)/python -m pip install -q --no-deps -e ./experiments/harness
+	touch $(STAMP)
+
+run: install
+	$(BIN)/autopilot db upgrade
+	$(BIN)/autopilot serve
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check app workers
+
+typecheck: install
+	$(BIN)/mypy app workers
+
+check: lint typecheck
+
+pytest: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test: check pytest
+
+bench: install
+	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache

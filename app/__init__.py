@@ -1,0 +1,1 @@
+"""Research Autopilot: the control plane and domain core (workers import it, never the reverse)."""

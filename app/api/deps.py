@@ -1,0 +1,73 @@
+"""Request dependencies: the stores, a per-request session (it owns the transaction), auth."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.db import Stores
+from app.ops import service as ops
+from app.ops.models import ApiToken
+from app.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_stores(request: Request) -> Stores:
+    stores: Stores = request.app.state.stores
+    return stores
+
+
+def ops_session(stores: Annotated[Stores, Depends(get_stores)]) -> Iterator[Session]:
+    with stores.ops_session() as session:
+        yield session
+
+
+def memory_session(stores: Annotated[Stores, Depends(get_stores)]) -> Iterator[Session]:
+    with stores.memory_session() as session:
+        yield session
+
+
+OpsSession = Annotated[Session, Depends(ops_session)]
+MemorySession = Annotated[Session, Depends(memory_session)]
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+def current_token(request: Request, stores: Annotated[Stores, Depends(get_stores)]) -> ApiToken:
+    # Its own short session: authentication must not share the request's unit of work.
+    with stores.ops_session() as session:
+        token = ops.authenticate(session, bearer_token(request))
+        session.expunge(token)
+    request.state.token_name = token.name
+    return token
+
+
+def require(scope: str | None) -> Callable[[ApiToken], ApiToken]:
+    """A dependency that admits any valid token (scope None) or one holding `scope`."""
+
+    def check(token: Annotated[ApiToken, Depends(current_token)]) -> ApiToken:
+        if scope is not None:
+            ops.require_scope(token, scope)
+        return token
+
+    check.__name__ = f"require_{scope or 'token'}"
+    return check
+
+
+AnyToken = Annotated[ApiToken, Depends(require(None))]
+TriggerToken = Annotated[ApiToken, Depends(require("trigger"))]
+ReviewToken = Annotated[ApiToken, Depends(require("review"))]
+AdminToken = Annotated[ApiToken, Depends(require("admin"))]

@@ -1,0 +1,52 @@
+"""The FastAPI application: health, the versioned REST API, the dashboard."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from app.api import health, problems
+from app.api.limits import BodySizeLimit
+from app.db import Stores
+from app.ops.router import router as projects_router
+from app.settings import Settings, get_settings
+
+API_PREFIX = "/api/v1"
+
+
+def create_app(settings: Settings | None = None, stores: Stores | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    owned = stores is None
+    stores = stores or Stores.from_settings(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owned:
+            stores.dispose()
+
+    app = FastAPI(
+        title="Research Autopilot",
+        version="0.1.0",
+        description="Autonomous research cycles on GPU and ML-systems code.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.stores = stores
+    problems.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    if settings.cors_origins:  # CORS stays off unless configured
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
+        )
+    app.include_router(health.router)
+    api = APIRouter(prefix=API_PREFIX)
+    api.include_router(projects_router)
+    app.include_router(api)
+    return app

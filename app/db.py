@@ -1,0 +1,111 @@
+"""The two stores: research memory and operational state, each with its own engine and sessions.
+
+No table, foreign key or import crosses between them (DESIGN.md, "Two stores"). SQLite gets WAL,
+foreign keys and a busy timeout so the API, the workers and the CLI can share one file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, MetaData, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.settings import Settings
+
+# Explicit constraint names, so migrations can drop and alter what they created.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+SQLITE_BUSY_TIMEOUT_MS = 15_000
+
+
+def naming_metadata() -> MetaData:
+    return MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    # WAL with NORMAL sync is durable across process crashes (not power loss), and much faster.
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=10,
+        # Fail fast when the server is gone, so /readyz and the API answer 503 quickly.
+        connect_args={"connect_timeout": 5},
+    )
+
+
+@dataclass
+class Stores:
+    """Both engines and their session factories. One per process (or per test)."""
+
+    memory_engine: Engine
+    ops_engine: Engine
+
+    def __post_init__(self) -> None:
+        self._memory = sessionmaker(self.memory_engine, expire_on_commit=False)
+        self._ops = sessionmaker(self.ops_engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Stores:
+        return cls(
+            memory_engine=make_engine(settings.memory_database_url),
+            ops_engine=make_engine(settings.ops_database_url),
+        )
+
+    @contextlib.contextmanager
+    def memory_session(self) -> Iterator[Session]:
+        """A unit of work on research memory: commits on success, rolls back on error."""
+        with self._memory() as session, session.begin():
+            yield session
+
+    @contextlib.contextmanager
+    def ops_session(self) -> Iterator[Session]:
+        """A unit of work on operational state: commits on success, rolls back on error."""
+        with self._ops() as session, session.begin():
+            yield session
+
+    def check(self) -> dict[str, str | None]:
+        """Each store's reachability: None when fine, else the error's first line."""
+        status: dict[str, str | None] = {}
+        for name, engine in (("memory", self.memory_engine), ("ops", self.ops_engine)):
+            try:
+                with engine.connect() as connection:
+                    connection.execute(text("SELECT 1"))
+                status[name] = None
+            except Exception as exc:  # any driver error means "not ready"
+                status[name] = type(exc).__name__
+        return status
+
+    def dispose(self) -> None:
+        self.memory_engine.dispose()
+        self.ops_engine.dispose()

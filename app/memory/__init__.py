@@ -1,0 +1,1 @@
+"""Research memory: the lab's lasting knowledge, in its own database."""

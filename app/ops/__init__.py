@@ -1,0 +1,1 @@
+"""Operational state: projects, tokens, cycles, jobs, leases. Wipeable without losing knowledge."""

@@ -1,0 +1,40 @@
+"""All SQL of projects and tokens. Repositories only flush; the caller owns the transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.ops.models import ApiToken, Project
+
+
+def get_project(session: Session, name: str) -> Project | None:
+    return session.scalars(select(Project).where(Project.name == name)).one_or_none()
+
+
+def list_projects(session: Session) -> Sequence[Project]:
+    return session.scalars(select(Project).order_by(Project.name)).all()
+
+
+def add(session: Session, row: Project | ApiToken) -> None:
+    session.add(row)
+    session.flush()
+
+
+def delete(session: Session, row: Project | ApiToken) -> None:
+    session.delete(row)
+    session.flush()
+
+
+def get_token_by_hash(session: Session, digest: str) -> ApiToken | None:
+    return session.scalars(select(ApiToken).where(ApiToken.token_sha256 == digest)).one_or_none()
+
+
+def get_token_by_name(session: Session, name: str) -> ApiToken | None:
+    return session.scalars(select(ApiToken).where(ApiToken.name == name)).one_or_none()
+
+
+def list_tokens(session: Session) -> Sequence[ApiToken]:
+    return session.scalars(select(ApiToken).order_by(ApiToken.name)).all()

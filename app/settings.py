@@ -1,0 +1,150 @@
+"""The one place settings come from: `AUTOPILOT_*` variables, an optional `.env`, embedded defaults.
+
+The embedded defaults need no server: two SQLite files and kombu's filesystem broker under the
+state dir, and the local forge. Production points the URLs at PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+ENV_PREFIX = "AUTOPILOT_"
+_BROKER_SCHEMES = ("filesystem", "redis", "rediss", "memory")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    state_dir: Path = Field(default=Path("./var"), description="Where the embedded stores live.")
+    memory_url: str | None = Field(
+        default=None, description="Research memory DB; default: SQLite in the state dir."
+    )
+    ops_url: str | None = Field(
+        default=None, description="Operational DB; default: SQLite in the state dir."
+    )
+    broker_url: str = Field(default="filesystem://", description="Celery broker.")
+    forge: Literal["local", "github"] = "local"
+    github_token: SecretStr | None = None
+    github_base_url: str = "https://api.github.com"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    session_secret: SecretStr | None = Field(
+        default=None, description="Signs dashboard cookies; generated in the state dir if unset."
+    )
+    git_author_name: str = "Research Autopilot"
+    git_author_email: str = "autopilot@localhost"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = False
+    cors_origins: list[str] = Field(default_factory=list)
+    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+
+    @field_validator("memory_url", "ops_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError(
+                "not a database URL; expected e.g. sqlite:///var/ops.db or "
+                "postgresql+psycopg://user@host:5432/db"
+            ) from None
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(
+                f"unsupported database {url.get_backend_name()!r}; expected sqlite or postgresql"
+            )
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme not in _BROKER_SCHEMES:
+            raise ValueError(
+                "expected filesystem:// (embedded) or redis://host:6379/0 (production)"
+            )
+        return value
+
+    # Derived values: computed, never stored twice.
+    @property
+    def memory_database_url(self) -> str:
+        return self.memory_url or f"sqlite:///{self.state_dir.absolute() / 'memory.db'}"
+
+    @property
+    def ops_database_url(self) -> str:
+        return self.ops_url or f"sqlite:///{self.state_dir.absolute() / 'ops.db'}"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.state_dir.absolute() / "broker"
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings with every secret hidden: for `config show` and logs."""
+        shown: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                shown[name] = "**********" if value.get_secret_value() else ""
+            elif isinstance(value, Path):
+                shown[name] = str(value)
+            elif isinstance(value, str) and "://" in value:
+                shown[name] = redact_url(value)
+            else:
+                shown[name] = value
+        shown["memory_url"] = redact_url(self.memory_database_url)
+        shown["ops_url"] = redact_url(self.ops_database_url)
+        return shown
+
+
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):[^@/\s]*@")
+
+
+def redact_url(url: str) -> str:
+    """Hide the password (or token) in a URL's userinfo: `redis://:pw@h` -> `redis://:***@h`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _USERINFO.sub(r"\g<scheme>\g<user>:***@", url)
+    if parts.password is None and not (parts.username and "@" in parts.netloc):
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    userinfo = f"{user}:***" if parts.password is not None else "***"
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
+
+
+def redact_text(text: str) -> str:
+    """Hide credentials in any URL inside free text (error messages, git output)."""
+    return _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+
+
+def describe_validation_error(exc: ValidationError) -> list[str]:
+    """One line per bad setting, naming the variable and the expected form."""
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(p) for p in error["loc"]) or "settings"
+        given = error.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {str(given)[:60]!r})"
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{ENV_PREFIX}{field.upper()}: {message}{shown}")
+    return lines
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once. Tests build their own `Settings(...)` instead."""
+    return Settings()

@@ -1,0 +1,61 @@
+"""Every route under /api/v1 refuses no token, a wrong token, a revoked token and a wrong scope.
+
+The routes are read from the OpenAPI document, so a new route is covered the day it is added.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.support import bearer
+
+# The scope each route needs; None: any valid token. A route missing here fails the test.
+SCOPE_RULES: dict[tuple[str, str], str | None] = {
+    ("post", "/api/v1/projects"): "admin",
+    ("get", "/api/v1/projects"): None,
+    ("get", "/api/v1/projects/{name}"): None,
+    ("delete", "/api/v1/projects/{name}"): "admin",
+}
+
+
+def api_routes(client: TestClient) -> list[tuple[str, str]]:
+    spec = client.get("/openapi.json").json()
+    return [
+        (method, path)
+        for path, item in spec["paths"].items()
+        if path.startswith("/api/v1")
+        for method in item
+    ]
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "x", path)
+
+
+def test_every_route_has_a_scope_rule(client: TestClient) -> None:
+    routes = api_routes(client)
+    assert routes, "no /api/v1 routes in the OpenAPI document"
+    assert sorted(routes) == sorted(SCOPE_RULES)
+
+
+@pytest.mark.parametrize("presented", ["none", "garbage", "revoked"])
+def test_unauthenticated_is_401(client: TestClient, tokens: dict[str, str], presented: str) -> None:
+    headers = {"none": {}, "garbage": bearer("ap_not-a-token"), "revoked": bearer(tokens["revoked"])}
+    for method, path in api_routes(client):
+        response = client.request(method, concrete(path), headers=headers[presented], json={})
+        assert response.status_code == 401, (method, path, presented)
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_wrong_scope_is_403(client: TestClient, tokens: dict[str, str]) -> None:
+    for (method, path), scope in SCOPE_RULES.items():
+        if scope is None:
+            continue
+        wrong = next(s for s in ("trigger", "review") if s != scope)
+        response = client.request(method, concrete(path), headers=bearer(tokens[wrong]), json={})
+        assert response.status_code == 403, (method, path)
+        assert scope in response.json()["detail"]

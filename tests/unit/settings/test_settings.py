@@ -1,0 +1,71 @@
+"""Settings: embedded defaults, env overrides, bad values named, secrets redacted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import Settings, describe_validation_error, redact_text, redact_url
+
+
+def make(**env: str) -> Settings:
+    return Settings(_env_file=None, **env)  # type: ignore[call-arg, arg-type]
+
+
+def test_embedded_defaults_need_no_server() -> None:
+    settings = make()
+    assert settings.state_dir == Path("./var")
+    assert settings.memory_database_url.endswith("/var/memory.db")
+    assert settings.ops_database_url.endswith("/var/ops.db")
+    assert settings.memory_database_url != settings.ops_database_url
+    assert settings.broker_url == "filesystem://"
+    assert settings.forge == "local"
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+
+
+def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AUTOPILOT_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("AUTOPILOT_BROKER_URL", "redis://127.0.0.1:6379/3")
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.ops_database_url == f"sqlite:///{tmp_path}/ops.db"
+    assert settings.broker_url == "redis://127.0.0.1:6379/3"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("forge", "gitlab", "AUTOPILOT_FORGE"),
+        ("ops_url", "not a url", "AUTOPILOT_OPS_URL"),
+        ("memory_url", "mysql://x@y/z", "AUTOPILOT_MEMORY_URL"),
+        ("broker_url", "amqp://guest@x", "AUTOPILOT_BROKER_URL"),
+        ("port", "99999", "AUTOPILOT_PORT"),
+    ],
+)
+def test_bad_values_name_the_variable(field: str, value: str, expected: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        make(**{field: value})
+    (line,) = describe_validation_error(caught.value)
+    assert line.startswith(expected + ":")
+
+
+def test_redaction_hides_every_secret() -> None:
+    settings = make(
+        ops_url="postgresql+psycopg://ops:s3cret-pw@db:5432/ops",
+        broker_url="redis://:hunter2-redis@cache:6379/0",
+        github_token="ghp_supersecrettoken",
+    )
+    shown = repr(settings.redacted())
+    for secret in ("s3cret-pw", "hunter2-redis", "ghp_supersecrettoken"):
+        assert secret not in shown
+    assert settings.redacted()["ops_url"] == "postgresql+psycopg://ops:***@db:5432/ops"
+    assert settings.redacted()["github_token"] == "**********"
+
+
+def test_redact_url_and_text() -> None:
+    assert redact_url("https://x-access-token:tok@github.com/o/r.git") == (
+        "https://x-access-token:***@github.com/o/r.git"
+    )
+    assert redact_url("https://github.com/o/r.git") == "https://github.com/o/r.git"
+    assert "tok123" not in redact_text("fatal: https://u:tok123@h/r.git not found")

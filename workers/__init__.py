@@ -1,0 +1,1 @@
+"""Celery workers, thin task wrappers, and the GPU runtime (the launcher)."""

@@ -1,0 +1,19 @@
+"""The full `autopilot` command: the control-plane commands plus those that run on worker hosts.
+
+It lives in `workers` so that `app` never imports `workers` (dependencies point one way).
+"""
+
+from __future__ import annotations
+
+from app.cli import cli
+from workers.launcher.cli import doctor_app
+
+cli.add_typer(doctor_app, name="doctor")
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()
