@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from app import migrate
 from app.db import Stores
 from app.errors import AutopilotError
+from app.memory.cli import memory_app
 from app.ops import service as ops
 from app.ops.schemas import SCOPES, ProjectCreate, TokenOut
 from app.settings import Settings, describe_validation_error
@@ -32,6 +33,7 @@ cli.add_typer(db_app, name="db")
 cli.add_typer(token_app, name="token")
 cli.add_typer(config_app, name="config")
 cli.add_typer(project_app, name="project")
+cli.add_typer(memory_app, name="memory")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

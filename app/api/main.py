@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from app.api import health, problems
 from app.api.limits import BodySizeLimit
 from app.db import Stores
+from app.memory.router import router as memory_router
 from app.ops.router import router as projects_router
 from app.settings import Settings, get_settings
 
@@ -48,5 +49,6 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     app.include_router(health.router)
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(projects_router)
+    api.include_router(memory_router)
     app.include_router(api)
     return app

@@ -3,6 +3,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+import app.tables  # noqa: F401  (every model registered)
 from app.memory.models import MemoryBase as Base
 
 config = context.config

@@ -6,6 +6,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
+import app.tables  # noqa: F401  (every model registered)
 from app import migrate
 from app.db import Stores, make_engine
 from app.memory.models import MemoryBase

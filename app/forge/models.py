@@ -1,0 +1,1 @@
+"""Forge tables in the ops DB (filled by the forge issue)."""
