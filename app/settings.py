@@ -49,6 +49,24 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
 
+    # The GPU handoff queue (issue 7). One queue per kind: gpu.<kind>.
+    gpu_kinds: list[str] = Field(default_factory=lambda: ["cpu", "a100", "h100", "h200", "l40s"])
+    lease_ttl_s: float = Field(default=30.0, gt=0, description="A lease lapses unless renewed.")
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    reaper_interval_s: float = Field(default=10.0, gt=0)
+    doorbell_stale_s: float = Field(
+        default=30.0, gt=0, description="Re-send the doorbell of a job waiting this long."
+    )
+    job_max_attempts: int = Field(default=3, ge=1)
+    max_job_time_limit_s: float = Field(default=24 * 3600, gt=0)
+    budget_gpu_hours_per_day: float | None = Field(default=None, gt=0)
+    budget_concurrent_gpus: int | None = Field(default=None, ge=1)
+    # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.
+    venv_system_site_packages: bool = False
+    venv_root: Path | None = Field(
+        default=None, description="Where project venvs are built; default: the state dir."
+    )
+
     @field_validator("memory_url", "ops_url")
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:

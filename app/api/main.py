@@ -12,6 +12,7 @@ from app.api import health, problems
 from app.api.limits import BodySizeLimit
 from app.db import Stores
 from app.memory.router import router as memory_router
+from app.ops.job_router import router as jobs_router
 from app.ops.router import router as projects_router
 from app.settings import Settings, get_settings
 
@@ -50,5 +51,6 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(projects_router)
     api.include_router(memory_router)
+    api.include_router(jobs_router)
     app.include_router(api)
     return app

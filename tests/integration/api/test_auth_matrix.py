@@ -18,6 +18,14 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("get", "/api/v1/projects"): None,
     ("get", "/api/v1/projects/{name}"): None,
     ("delete", "/api/v1/projects/{name}"): "admin",
+    ("get", "/api/v1/memory/findings"): None,
+    ("post", "/api/v1/memory/findings"): "trigger",
+    ("get", "/api/v1/memory/findings/{finding_id}"): None,
+    ("post", "/api/v1/memory/findings/{finding_id}/validate"): "review",
+    ("post", "/api/v1/memory/findings/{finding_id}/refute"): "review",
+    ("post", "/api/v1/memory/findings/{finding_id}/supersede"): "review",
+    ("post", "/api/v1/memory/import"): "admin",
+    ("get", "/api/v1/memory/export"): None,
 }
 
 

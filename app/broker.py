@@ -1,0 +1,137 @@
+"""Celery configuration and the doorbells the control plane rings.
+
+The app only *sends* tasks by name (it never imports `workers`); `workers.celery_app` builds the
+consuming app from the same configuration. A message is a doorbell: the ops DB holds the state.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from kombu import Queue  # type: ignore[attr-defined]
+
+from app.settings import Settings
+
+PREPARE_JOB = "autopilot.prepare_job"
+RUN_JOBS = "autopilot.run_jobs"
+REAP = "autopilot.reap"
+ADVANCE_CYCLE = "autopilot.advance_cycle"
+
+# A doorbell that waited this long is dropped by the worker; the reaper rings again if the job
+# still needs it, so nothing is lost and stale doorbells do not pile up.
+DOORBELL_EXPIRES_S = 3600
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport: dict[str, Any] = {
+        # Redis redelivers an unacked message after this long. It must outlast the longest job,
+        # or a running job's doorbell is delivered to a second worker (harmless, the lease
+        # check makes it a no-op, but wasteful); Celery reads it from broker_transport_options.
+        "visibility_timeout": int(settings.max_job_time_limit_s + 3600),
+    }
+    if settings.broker_url.startswith("filesystem://"):
+        folder = settings.broker_dir
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        _seed_exchange_tables(folder / "control")
+        transport = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
+            "store_processed": False,
+            # The default 1 s makes every hop take a second; 10 ms costs little CPU.
+            "polling_interval": 0.01,
+        }
+    gpu_queues = [Queue(f"gpu.{kind}", routing_key=f"gpu.{kind}") for kind in settings.gpu_kinds]
+    return {
+        "broker_url": settings.broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "task_queues": [Queue("control"), Queue("prepare"), *gpu_queues],
+        "task_default_queue": "control",
+        "task_routes": {
+            PREPARE_JOB: {"queue": "prepare"},
+            REAP: {"queue": "control"},
+            ADVANCE_CYCLE: {"queue": "control"},
+            # RUN_JOBS is sent to the job's own gpu.<kind> queue explicitly.
+        },
+        # The DB holds results and state; a result backend would be a second truth.
+        "task_ignore_result": True,
+        # Ack after the task ran, so a worker that dies mid-task leaves the doorbell to be
+        # redelivered (Redis) instead of lost with it.
+        "task_acks_late": True,
+        # ...and a worker process killed by a signal requeues its message rather than acking it.
+        "task_reject_on_worker_lost": True,
+        # One message at a time per worker: a GPU worker must not hoard doorbells it cannot run.
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "beat_schedule": {
+            "reap": {
+                "task": REAP,
+                "schedule": settings.reaper_interval_s,
+                "options": {"expires": settings.reaper_interval_s * 2},
+            },
+        },
+        "beat_schedule_filename": str(settings.state_dir.absolute() / "celerybeat-schedule"),
+    }
+
+
+# kombu's filesystem transport creates an exchange table with open("wb") and locks it only
+# afterwards, so a second process starting at the same moment can read the empty file and die
+# on a JSONDecodeError. Seeding every table atomically makes all processes take its locked
+# read-modify-write path instead.
+_EXCHANGES = ("control", "celery", "celery.pidbox", "reply.celery.pidbox", "celeryev")
+
+
+def _seed_exchange_tables(folder: Path) -> None:
+    for name in _EXCHANGES:
+        table = folder / f"{name}.exchange"
+        if table.exists():
+            continue
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".seed-")
+        with os.fdopen(fd, "w") as handle:
+            handle.write("[]")
+        try:
+            os.link(tmp, table)  # atomic, and fails if another process seeded it first
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+
+
+@functools.lru_cache(maxsize=8)
+def _client(settings_json: str) -> Celery:
+    settings = Settings.model_validate_json(settings_json)
+    celery = Celery("autopilot")
+    celery.conf.update(celery_config(settings))
+    return celery
+
+
+def client(settings: Settings) -> Celery:
+    """A producer-only Celery app for these settings (cached)."""
+    return _client(settings.model_dump_json())
+
+
+def ring_prepare(settings: Settings, job_id: int) -> None:
+    client(settings).send_task(
+        PREPARE_JOB, args=[job_id], queue="prepare", expires=DOORBELL_EXPIRES_S
+    )
+
+
+def ring_gpu(settings: Settings, queue: str, job_id: int | None = None) -> None:
+    client(settings).send_task(
+        RUN_JOBS, args=[queue, job_id], queue=queue, expires=DOORBELL_EXPIRES_S
+    )
+
+
+def ring_advance(settings: Settings, cycle_id: int) -> None:
+    client(settings).send_task(
+        ADVANCE_CYCLE, args=[cycle_id], queue="control", expires=DOORBELL_EXPIRES_S
+    )

@@ -1,0 +1,186 @@
+"""`autopilot.toml`, the project config at a research repository's root, parsed and validated.
+
+Errors name the file, the key and the expected form, so a person can fix the file in one go.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from app.errors import InvalidInput
+
+CONFIG_FILE = "autopilot.toml"
+_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+Scalar = int | float | str | bool
+
+
+class ConfigError(InvalidInput):
+    slug = "invalid-project-config"
+    title = "Invalid project config"
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rtol: float = Field(default=1e-4, gt=0)
+    atol: float = Field(default=1e-6, ge=0)
+
+
+class Experiment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    entry: str = Field(description="module run as `python -m <entry>`")
+    metric: str = "ratio"
+    direction: Literal["lower", "higher"] = "lower"
+    time_limit_s: float = Field(default=600, gt=0, le=7 * 24 * 3600)
+    socket_suffix_len: int = Field(default=40, ge=0, le=100)
+    tolerance: Tolerance = Field(default_factory=Tolerance)
+    parameters: dict[str, list[Scalar]] = Field(default_factory=dict)
+    defaults: dict[str, Scalar] = Field(default_factory=dict)
+    imports: list[str] = Field(default_factory=list, description="modules the guard checks")
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, value: str) -> str:
+        if not _ENTRY.fullmatch(value):
+            raise ValueError(f"{value!r} is not a dotted module name like 'bench.main'")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _space(cls, value: dict[str, list[Scalar]]) -> dict[str, list[Scalar]]:
+        for key, allowed in value.items():
+            if not allowed:
+                raise ValueError(f"parameter {key!r} lists no allowed values")
+        return value
+
+    @model_validator(mode="after")
+    def _defaults_in_space(self) -> Experiment:
+        for key, default in self.defaults.items():
+            if key in self.parameters and default not in self.parameters[key]:
+                # Small CPU defaults may sit outside the GPU space; they only need a known key.
+                continue
+            if key not in self.parameters:
+                raise ValueError(f"default {key!r} is not a declared parameter")
+        return self
+
+    def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The parameters with defaults filled in, or InvalidInput naming the offending key."""
+        unknown = sorted(set(parameters) - set(self.parameters))
+        if unknown:
+            raise InvalidInput(
+                f"parameter {unknown[0]!r} is not declared; declared: "
+                f"{', '.join(sorted(self.parameters)) or '(none)'}"
+            )
+        for key, value in parameters.items():
+            if value not in self.parameters[key]:
+                raise InvalidInput(
+                    f"parameter {key}={value!r} is outside the declared space "
+                    f"{self.parameters[key]}"
+                )
+        return {**self.defaults, **parameters}
+
+
+class Budgets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu_hours_per_day: float | None = Field(default=None, gt=0)
+    concurrent_gpus: int | None = Field(default=None, ge=1)
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["sweep", "command"] = "sweep"
+    command: list[str] = Field(default_factory=list, description="argv, no shell")
+    time_limit_s: float = Field(default=900, gt=0)
+    goal: str = ""
+
+
+class ProjectSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    gpu_kind: str = "cpu"
+    python_requirements: list[str] = Field(default_factory=list)
+    protected_paths: list[str] = Field(default_factory=list)
+    schedule: str | None = Field(default=None, description="'every 2h' or a cron expression")
+
+    @field_validator("name", "gpu_kind")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a slug (lower-case letters, digits, '-', '_')")
+        return value
+
+    @field_validator("protected_paths")
+    @classmethod
+    def _relative(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if path.startswith("/") or ".." in Path(path).parts:
+                raise ValueError(f"{path!r} must be a path relative to the repository root")
+        return value
+
+
+class ProjectConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: ProjectSection
+    experiments: dict[str, Experiment] = Field(min_length=1)
+    budgets: Budgets = Field(default_factory=Budgets)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+
+    def experiment(self, name: str) -> Experiment:
+        try:
+            return self.experiments[name]
+        except KeyError:
+            raise InvalidInput(
+                f"experiment {name!r} is not declared in {CONFIG_FILE}; declared: "
+                f"{', '.join(sorted(self.experiments))}"
+            ) from None
+
+
+def parse(text: str, source: str = CONFIG_FILE) -> ProjectConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        return ProjectConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{source}: key {key!r}: {message}") from None
+
+
+def load(repo_dir: Path) -> ProjectConfig:
+    path = repo_dir / CONFIG_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; a research repository needs {CONFIG_FILE}") from None
+    return parse(text, str(path))
+
+
+def load_from_repo(repo_url: str, ref: str) -> ProjectConfig:
+    """Read `autopilot.toml` at `ref` of a local repository without checking it out."""
+    import git
+
+    path = repo_url.removeprefix("file://")
+    if not path.startswith("/"):
+        raise ConfigError(
+            f"cannot read {CONFIG_FILE} of {repo_url}: only local repositories are read "
+            "directly; register the project by its path or file:// URL"
+        )
+    try:
+        text = git.Repo(path).git.show(f"{ref}:{CONFIG_FILE}")
+    except (git.GitError, OSError) as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"cannot read {CONFIG_FILE} at {ref} of the project repository: {first[:200]}"
+        ) from None
+    return parse(text, f"{CONFIG_FILE}@{ref}")

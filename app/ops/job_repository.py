@@ -1,0 +1,156 @@
+"""All SQL of the GPU handoff queue: jobs, leases, workers. Only flushes; the caller commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import Select, and_, func, select, update
+from sqlalchemy.orm import Session
+
+from app.ops.models import Job, Lease, QueueLock, Worker
+
+ACTIVE = ("leased", "running")
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def get(session: Session, job_id: int) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def lock_leasing(session: Session) -> None:
+    """Take the leasing lock: a write first, so SQLite starts its write transaction now and
+    PostgreSQL holds the row lock until commit. Leasers are serialised; budgets stay exact."""
+    session.execute(
+        update(QueueLock).where(QueueLock.name == "lease").values(counter=QueueLock.counter + 1)
+    )
+
+
+def leasable(session: Session, queue: str, limit: int = 20) -> Sequence[Job]:
+    query: Select[Job] = (
+        select(Job)
+        .where(
+            Job.queue == queue,
+            Job.state == "queued",
+            Job.prepared_at.is_not(None),
+            Job.cancel_requested_at.is_(None),
+        )
+        .order_by(Job.order_key, Job.id)
+        .limit(limit)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    return session.scalars(query).all()
+
+
+def claim(session: Session, job_id: int, worker: str, now: datetime) -> bool:
+    """The conditional update that makes a lease: only a still-queued job can be claimed."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.state == "queued")
+        .values(
+            state="leased",
+            leased_at=now,
+            worker=worker,
+            attempts=Job.attempts + 1,
+            wait_reason=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined, no-any-return]
+
+
+def lease_of(session: Session, job_id: int) -> Lease | None:
+    return session.scalars(select(Lease).where(Lease.job_id == job_id)).one_or_none()
+
+
+def expired_leases(session: Session, now: datetime) -> Sequence[Lease]:
+    return session.scalars(select(Lease).where(Lease.expires_at < now)).all()
+
+
+def active_count(session: Session, project_id: int | None = None) -> int:
+    query = select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE))
+    if project_id is not None:
+        query = query.where(Job.project_id == project_id)
+    return session.scalar(query) or 0
+
+
+def gpu_seconds_since(session: Session, since: datetime, project_id: int | None = None) -> float:
+    """GPU seconds used in the window: finished jobs plus the elapsed part of running ones."""
+    finished = select(func.coalesce(func.sum(Job.gpu_seconds), 0.0)).where(Job.finished_at >= since)
+    running = select(Job.started_at).where(Job.state == "running", Job.started_at.is_not(None))
+    if project_id is not None:
+        finished = finished.where(Job.project_id == project_id)
+        running = running.where(Job.project_id == project_id)
+    total = float(session.scalar(finished) or 0.0)
+    now = datetime.now(since.tzinfo)
+    for started in session.scalars(running):
+        if started is not None:
+            total += max(0.0, (now - _aware(started, since)).total_seconds())
+    return total
+
+
+def _aware(value: datetime, like: datetime) -> datetime:
+    # SQLite returns naive datetimes for timezone-aware columns; they are UTC.
+    return value if value.tzinfo else value.replace(tzinfo=like.tzinfo)
+
+
+def waiting_without_doorbell(session: Session, older_than: datetime) -> Sequence[Job]:
+    """Queued jobs that have waited long enough that their doorbell may have been lost."""
+    return session.scalars(
+        select(Job)
+        .where(
+            Job.state == "queued",
+            func.coalesce(Job.prepared_at, Job.submitted_at) < older_than,
+        )
+        .order_by(Job.order_key, Job.id)
+        .limit(500)
+    ).all()
+
+
+def list_jobs(
+    session: Session,
+    *,
+    queue: str | None = None,
+    state: str | None = None,
+    project_id: int | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> Sequence[Job]:
+    query = select(Job)
+    if queue:
+        query = query.where(Job.queue == queue)
+    if state:
+        query = query.where(Job.state == state)
+    if project_id is not None:
+        query = query.where(Job.project_id == project_id)
+    return session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
+
+
+def queue_summary(session: Session) -> list[tuple[str, str, int, datetime | None]]:
+    rows = session.execute(
+        select(Job.queue, Job.state, func.count(), func.min(Job.submitted_at))
+        .where(Job.state.in_(("queued", *ACTIVE)))
+        .group_by(Job.queue, Job.state)
+    ).all()
+    return [(q, s, int(n), oldest) for q, s, n, oldest in rows]
+
+
+def recent_finished(session: Session, queue: str, since: datetime) -> Sequence[Job]:
+    return session.scalars(
+        select(Job)
+        .where(and_(Job.queue == queue, Job.finished_at >= since, Job.started_at.is_not(None)))
+        .order_by(Job.finished_at)
+    ).all()
+
+
+def get_worker(session: Session, name: str) -> Worker | None:
+    return session.scalars(select(Worker).where(Worker.name == name)).one_or_none()
+
+
+def list_workers(session: Session) -> Sequence[Worker]:
+    return session.scalars(select(Worker).order_by(Worker.name)).all()
+
+
+def stale_before(now: datetime, seconds: float) -> datetime:
+    return now - timedelta(seconds=seconds)

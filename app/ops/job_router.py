@@ -1,0 +1,142 @@
+"""REST routes of the GPU handoff queue. The doorbell is rung only after the commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from app import broker
+from app.api.deps import AnyToken, OpsSession, TriggerToken, get_settings, get_stores
+from app.cycles import config as project_config
+from app.db import Stores
+from app.ops import jobs
+from app.ops import service as ops
+from app.ops.job_schemas import JobCreate, JobOut, QueueOut, WorkerOut
+from app.settings import Settings
+
+router = APIRouter(tags=["gpu queue"])
+LOG_TAIL_BYTES = 64 * 1024
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+def submit_job(
+    body: JobCreate,
+    token: TriggerToken,
+    stores: Annotated[Stores, Depends(get_stores)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> JobOut:
+    with stores.ops_session() as session:
+        project = ops.get_project(session, body.project)
+        config = project_config.load_from_repo(project.repo_url, project.default_branch)
+        job = jobs.submit(
+            session,
+            settings,
+            project,
+            config,
+            body.experiment,
+            dict(body.parameters),
+            queue=body.queue,
+        )
+        out = JobOut.model_validate(job)
+    broker.ring_prepare(settings, out.id)  # after the commit: a rolled-back submit rings nothing
+    return out
+
+
+@router.get("/jobs", response_model=list[JobOut])
+def list_jobs(
+    session: OpsSession,
+    _: AnyToken,
+    queue: str | None = None,
+    state: str | None = None,
+    project: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[JobOut]:
+    project_id = ops.get_project(session, project).id if project else None
+    rows = jobs.list_jobs(
+        session, queue=queue, state=state, project_id=project_id, limit=limit, offset=offset
+    )
+    return [JobOut.model_validate(j) for j in rows]
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut)
+def get_job(job_id: int, session: OpsSession, _: AnyToken) -> JobOut:
+    return JobOut.model_validate(jobs.get(session, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut)
+def cancel_job(job_id: int, session: OpsSession, token: TriggerToken) -> JobOut:
+    return JobOut.model_validate(jobs.cancel(session, job_id, by=token.name))
+
+
+@router.get("/jobs/{job_id}/log", response_model=None)
+def job_log(
+    job_id: int,
+    _: AnyToken,
+    request: Request,
+    stores: Annotated[Stores, Depends(get_stores)],
+    follow: bool = False,
+) -> PlainTextResponse | StreamingResponse:
+    """The log's tail; with `?follow=1`, a server-sent-events stream until the job ends."""
+    with stores.ops_session() as session:
+        job = jobs.get(session, job_id)
+        path = Path(job.log_path) if job.log_path else _default_log(request, job_id)
+    if not follow:
+        return PlainTextResponse(_tail(path))
+    return StreamingResponse(_follow(stores, job_id, path), media_type="text/event-stream")
+
+
+def _default_log(request: Request, job_id: int) -> Path:
+    settings: Settings = request.app.state.settings
+    return settings.state_dir.absolute() / "jobs" / str(job_id) / "job.log"
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            return handle.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+async def _follow(stores: Stores, job_id: int, path: Path) -> AsyncIterator[str]:
+    offset = 0
+    while True:
+        chunk = ""
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read(LOG_TAIL_BYTES)
+                offset += len(data)
+                chunk = data.decode("utf-8", "replace")
+        except FileNotFoundError:
+            pass
+        for line in chunk.splitlines():
+            yield f"data: {line}\n\n"
+        with stores.ops_session() as session:
+            state = jobs.get(session, job_id).state
+        if state in FINISHED and not chunk:
+            yield f"event: end\ndata: {state}\n\n"
+            return
+        await asyncio.sleep(0.5)
+
+
+@router.get("/workers", response_model=list[WorkerOut])
+def list_workers(session: OpsSession, _: AnyToken) -> list[WorkerOut]:
+    return [WorkerOut.model_validate(w) for w in jobs.list_workers(session)]
+
+
+@router.get("/queues", response_model=list[QueueOut])
+def list_queues(
+    session: OpsSession, _: AnyToken, settings: Annotated[Settings, Depends(get_settings)]
+) -> list[QueueOut]:
+    return [QueueOut.model_validate(q) for q in jobs.queues(session, settings)]

@@ -1,0 +1,65 @@
+"""Shapes of the GPU queue's REST input and output."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scalar = int | float | str | bool
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(description="A registered project's name")
+    experiment: str = Field(description="An experiment the project declares in autopilot.toml")
+    parameters: dict[str, Scalar] = Field(default_factory=dict)
+    queue: str | None = Field(default=None, description="gpu.<kind>; default: the project's kind")
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    cycle_id: int | None
+    project_id: int
+    experiment: str
+    parameters: dict[str, Any]
+    queue: str
+    state: str
+    attempts: int
+    submitted_at: datetime
+    prepared_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    gpu_seconds: float
+    idle_gap_s: float | None
+    worker: str | None
+    error: str | None
+    wait_reason: str | None
+    cancelled_by: str | None
+    cancel_requested_at: datetime | None
+    result: dict[str, Any] | None = None
+
+
+class WorkerOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    kind: str
+    devices: str
+    host: str
+    last_seen: datetime
+    current_job_id: int | None
+
+
+class QueueOut(BaseModel):
+    queue: str
+    queued: int
+    leased: int
+    running: int
+    oldest_queued_at: datetime | None
+    idle_gap_median_s: float | None
+    duty_cycle: float | None

@@ -1,0 +1,418 @@
+"""The GPU handoff queue's state transitions: submit, prepare, lease, heartbeat, finish, cancel,
+reap, and the two budgets. The ops DB is the truth; a broker message is only a doorbell.
+
+Every function here runs inside the caller's transaction and only flushes.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.cycles.config import ProjectConfig
+from app.errors import Conflict, InvalidInput, NotFound
+from app.ops import job_repository as repo
+from app.ops.models import Job, Lease, Project, Worker
+from app.settings import Settings
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes for tz-aware columns; they are stored as UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+class JobNotFound(NotFound):
+    slug = "job-not-found"
+    title = "Job not found"
+
+
+class JobFinished(Conflict):
+    slug = "job-finished"
+    title = "Job already finished"
+
+
+class LeaseLost(Exception):
+    """This worker no longer holds the job's lease (it expired and the job moved on)."""
+
+
+def queue_for(settings: Settings, kind: str) -> str:
+    if kind not in settings.gpu_kinds:
+        raise InvalidInput(
+            f"unknown GPU kind {kind!r}; configured kinds: {', '.join(settings.gpu_kinds)} "
+            "(AUTOPILOT_GPU_KINDS)"
+        )
+    return f"gpu.{kind}"
+
+
+def parse_queue(settings: Settings, queue: str) -> str:
+    kind = queue.removeprefix("gpu.")
+    if not queue.startswith("gpu.") or kind not in settings.gpu_kinds:
+        raise InvalidInput(
+            f"unknown queue {queue!r}; expected one of "
+            f"{', '.join('gpu.' + k for k in settings.gpu_kinds)}"
+        )
+    return queue
+
+
+def submit(
+    session: Session,
+    settings: Settings,
+    project: Project,
+    config: ProjectConfig,
+    experiment: str,
+    parameters: dict[str, Any],
+    *,
+    queue: str | None = None,
+    cycle_id: int | None = None,
+    seed: int = 0,
+    extra_spec: dict[str, Any] | None = None,
+) -> Job:
+    """Validate against the project's declared experiments and space, then record the job."""
+    declared = config.experiment(experiment)
+    full = declared.check_parameters(parameters)
+    queue = parse_queue(settings, queue) if queue else queue_for(settings, project.gpu_kind)
+    if declared.time_limit_s > settings.max_job_time_limit_s:
+        raise InvalidInput(
+            f"experiment {experiment!r} declares time_limit_s={declared.time_limit_s:g}, above "
+            f"the per-job limit {settings.max_job_time_limit_s:g} (AUTOPILOT_MAX_JOB_TIME_LIMIT_S)"
+        )
+    spec = {
+        "experiment": experiment,
+        "parameters": full,
+        "device": "cpu" if queue == "gpu.cpu" else "cuda",
+        "seed": seed,
+        "tolerance": declared.tolerance.model_dump(),
+        **(extra_spec or {}),
+    }
+    now = utcnow()
+    job = Job(
+        cycle_id=cycle_id,
+        project_id=project.id,
+        experiment=experiment,
+        parameters=full,
+        spec=spec,
+        queue=queue,
+        state="queued",
+        max_attempts=settings.job_max_attempts,
+        time_limit_s=declared.time_limit_s,
+        order_key=now,
+        submitted_at=now,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get(session: Session, job_id: int) -> Job:
+    job = repo.get(session, job_id)
+    if job is None:
+        raise JobNotFound(f"no job {job_id}; list jobs with GET /api/v1/jobs")
+    return job
+
+
+def mark_prepared(session: Session, job_id: int, *, workdir: str, venv_path: str) -> bool:
+    """Record a finished preparation; False when the job no longer needs it."""
+    job = repo.get(session, job_id)
+    if job is None or job.state != "queued" or job.prepared_at is not None:
+        return False
+    job.workdir, job.venv_path, job.prepared_at = workdir, venv_path, utcnow()
+    session.flush()
+    return True
+
+
+def fail_unstarted(session: Session, job_id: int, error: str) -> None:
+    job = repo.get(session, job_id)
+    if job is not None and job.state == "queued":
+        job.state, job.error, job.finished_at = "failed", error, utcnow()
+        session.flush()
+
+
+@dataclass
+class Budget:
+    gpu_hours_per_day: float | None
+    concurrent_gpus: int | None
+
+
+def blocked_by_budget(
+    session: Session, settings: Settings, job: Job, project: Project
+) -> str | None:
+    """Why this job may not take a GPU now, or None. Peak and average are checked apart."""
+    day_ago = utcnow() - timedelta(days=1)
+    scopes = (
+        (
+            f"project {project.name}",
+            project.id,
+            Budget(project.budget_gpu_hours_per_day, project.budget_concurrent_gpus),
+        ),
+        (
+            "global",
+            None,
+            Budget(settings.budget_gpu_hours_per_day, settings.budget_concurrent_gpus),
+        ),
+    )
+    for label, project_id, budget in scopes:
+        if budget.concurrent_gpus is not None:
+            active = repo.active_count(session, project_id)
+            if active >= budget.concurrent_gpus:
+                return f"peak budget: {label} uses {active}/{budget.concurrent_gpus} GPUs"
+        if budget.gpu_hours_per_day is not None:
+            used_h = repo.gpu_seconds_since(session, day_ago, project_id) / 3600
+            if used_h >= budget.gpu_hours_per_day:
+                return (
+                    f"average budget: {label} used {used_h:.2f}/{budget.gpu_hours_per_day:g} "
+                    "GPU-hours in the last 24 h"
+                )
+    return None
+
+
+def lease_next(
+    session: Session,
+    settings: Settings,
+    *,
+    queue: str,
+    worker: str,
+    device: str,
+    host: str | None = None,
+) -> Job | None:
+    """Lease the oldest prepared job of `queue` that fits both budgets, in one transaction.
+
+    Whatever doorbell woke the worker, it takes the job first in the global submission order;
+    a duplicate doorbell finds nothing and is a no-op.
+    """
+    repo.lock_leasing(session)
+    now = utcnow()
+    for job in repo.leasable(session, queue):
+        project = session.get(Project, job.project_id)
+        assert project is not None
+        reason = blocked_by_budget(session, settings, job, project)
+        if reason is not None:
+            job.wait_reason = reason
+            continue
+        if not repo.claim(session, job.id, worker, now):
+            continue
+        session.refresh(job)
+        session.add(
+            Lease(
+                job_id=job.id,
+                worker=worker,
+                host=host or socket.gethostname(),
+                device=device,
+                heartbeat_at=now,
+                expires_at=now + timedelta(seconds=settings.lease_ttl_s),
+            )
+        )
+        session.flush()
+        return job
+    session.flush()
+    return None
+
+
+def _own_lease(session: Session, job_id: int, worker: str) -> Lease:
+    lease = repo.lease_of(session, job_id)
+    if lease is None or lease.worker != worker:
+        raise LeaseLost(f"job {job_id} is no longer leased by {worker}")
+    return lease
+
+
+def mark_running(session: Session, job_id: int, worker: str, pid: int, pgid: int) -> None:
+    lease = _own_lease(session, job_id, worker)
+    lease.pid, lease.pgid = pid, pgid
+    job = get(session, job_id)
+    job.state, job.started_at = "running", utcnow()
+    session.flush()
+
+
+def mark_first_line(session: Session, job_id: int, worker: str, at: datetime) -> None:
+    """The job's first line of user code ran: the end of the GPU's idle gap."""
+    job = get(session, job_id)
+    job.first_line_at = at
+    row = repo.get_worker(session, worker)
+    last = aware(row.last_job_finished_at) if row else None
+    prepared = aware(job.prepared_at)
+    # Only a gap with demand waiting counts: the job was ready before the last one ended.
+    if last is not None and prepared is not None and prepared <= last:
+        job.idle_gap_s = max(0.0, (at - last).total_seconds())
+    session.flush()
+
+
+def heartbeat(session: Session, settings: Settings, job_id: int, worker: str) -> bool:
+    """Renew the lease; True when someone asked to cancel the job."""
+    lease = _own_lease(session, job_id, worker)
+    now = utcnow()
+    lease.heartbeat_at, lease.expires_at = now, now + timedelta(seconds=settings.lease_ttl_s)
+    seen = repo.get_worker(session, worker)
+    if seen is not None:
+        seen.last_seen = now
+    job = get(session, job_id)
+    session.flush()
+    return job.cancel_requested_at is not None
+
+
+@dataclass
+class JobOutcome:
+    state: str  # succeeded | failed | cancelled
+    exit_code: int | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    result_path: str | None = None
+    log_path: str | None = None
+    gpu_seconds: float = 0.0
+    finished_at: datetime = field(default_factory=utcnow)
+
+
+def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> Job:
+    """Store the outcome and release the lease. Only the lease holder may: exactly one outcome."""
+    lease = _own_lease(session, job_id, worker)
+    job = get(session, job_id)
+    job.state = outcome.state
+    job.exit_code, job.error = outcome.exit_code, outcome.error
+    job.result, job.result_path, job.log_path = (
+        outcome.result,
+        outcome.result_path,
+        outcome.log_path,
+    )
+    job.gpu_seconds, job.finished_at = outcome.gpu_seconds, outcome.finished_at
+    session.delete(lease)
+    row = repo.get_worker(session, worker)
+    if row is not None:
+        row.current_job_id, row.last_job_finished_at = None, outcome.finished_at
+    session.flush()
+    return job
+
+
+def cancel(session: Session, job_id: int, by: str) -> Job:
+    """A queued job is cancelled at once; a running one is told through the DB (heartbeat)."""
+    job = get(session, job_id)
+    if job.state in repo.FINISHED:
+        raise JobFinished(f"job {job_id} already {job.state}; nothing to cancel")
+    now = utcnow()
+    job.cancel_requested_at, job.cancelled_by = job.cancel_requested_at or now, by
+    if job.state == "queued":
+        job.state, job.finished_at = "cancelled", now
+    session.flush()
+    return job
+
+
+@dataclass
+class Reaped:
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    prepare_doorbells: list[int] = field(default_factory=list)
+    run_doorbells: list[str] = field(default_factory=list)  # queues to ring
+
+
+def reap(session: Session, settings: Settings) -> Reaped:
+    """Return jobs whose lease lapsed to their queue (or fail them after max attempts), and list
+    the doorbells to ring again for jobs that waited too long."""
+    now = utcnow()
+    reaped = Reaped()
+    for lease in repo.expired_leases(session, now):
+        job = get(session, lease.job_id)
+        session.delete(lease)
+        if job.cancel_requested_at is not None:
+            job.state, job.finished_at = "cancelled", now
+        elif job.attempts >= job.max_attempts:
+            job.state, job.finished_at = "failed", now
+            job.error = (
+                f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
+                "stopped heartbeating); giving up after max attempts"
+            )
+            reaped.failed.append(job.id)
+        else:
+            job.state, job.worker, job.started_at = "queued", None, None
+            reaped.requeued.append(job.id)
+    session.flush()
+    stale = repo.stale_before(now, settings.doorbell_stale_s)
+    for job in repo.waiting_without_doorbell(session, stale):
+        if job.prepared_at is None:
+            reaped.prepare_doorbells.append(job.id)
+        elif job.queue not in reaped.run_doorbells:
+            reaped.run_doorbells.append(job.queue)
+    for job_id in reaped.requeued:
+        queue = get(session, job_id).queue
+        if queue not in reaped.run_doorbells:
+            reaped.run_doorbells.append(queue)
+    return reaped
+
+
+def register_worker(
+    session: Session, name: str, kind: str, devices: str, host: str | None = None
+) -> Worker:
+    row = repo.get_worker(session, name)
+    now = utcnow()
+    if row is None:
+        row = Worker(name=name, kind=kind, devices=devices, host=host or socket.gethostname())
+        session.add(row)
+    row.kind, row.devices, row.last_seen, row.started_at = kind, devices, now, now
+    session.flush()
+    return row
+
+
+def set_current_job(session: Session, worker: str, job_id: int | None) -> None:
+    row = repo.get_worker(session, worker)
+    if row is not None:
+        row.current_job_id, row.last_seen = job_id, utcnow()
+        session.flush()
+
+
+def list_jobs(session: Session, **filters: Any) -> Sequence[Job]:
+    return repo.list_jobs(session, **filters)
+
+
+def list_workers(session: Session) -> Sequence[Worker]:
+    return repo.list_workers(session)
+
+
+def queues(session: Session, settings: Settings) -> list[dict[str, Any]]:
+    """Depth and oldest waiting job per queue, plus the recent idle gap and duty cycle."""
+    summary: dict[str, dict[str, Any]] = {
+        f"gpu.{k}": {
+            "queue": f"gpu.{k}",
+            "queued": 0,
+            "leased": 0,
+            "running": 0,
+            "oldest_queued_at": None,
+        }
+        for k in settings.gpu_kinds
+    }
+    for queue, state, count, oldest in repo.queue_summary(session):
+        entry = summary.setdefault(
+            queue,
+            {"queue": queue, "queued": 0, "leased": 0, "running": 0, "oldest_queued_at": None},
+        )
+        entry[state] = count
+        if state == "queued":
+            entry["oldest_queued_at"] = aware(oldest)
+    since = utcnow() - timedelta(hours=1)
+    for queue, entry in summary.items():
+        jobs = repo.recent_finished(session, queue, since)
+        gaps = sorted(j.idle_gap_s for j in jobs if j.idle_gap_s is not None)
+        entry["idle_gap_median_s"] = gaps[len(gaps) // 2] if gaps else None
+        entry["duty_cycle"] = duty_cycle(jobs)
+    return list(summary.values())
+
+
+def duty_cycle(jobs: Sequence[Job]) -> float | None:
+    """Busy time over wall time across back-to-back jobs (first line to finish, per worker)."""
+    spans = sorted(
+        (aware(j.first_line_at), aware(j.finished_at))
+        for j in jobs
+        if j.first_line_at is not None and j.finished_at is not None and j.idle_gap_s is not None
+    )
+    if len(spans) < 2:
+        return None
+    busy = sum((end - start).total_seconds() for start, end in spans if start and end)
+    gaps = sum(j.idle_gap_s or 0.0 for j in jobs if j.idle_gap_s is not None)
+    total = busy + gaps
+    return busy / total if total > 0 else None

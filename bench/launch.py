@@ -1,0 +1,198 @@
+"""Launch overhead: time to the first line of user code through the runner, against bare Python.
+
+"Ours" is the launch path a GPU worker takes once the venv exists and the guard has passed
+before: allocate the runtime dir, build the job's environment, check the guard (a cache hit),
+spawn `<venv>/bin/python -m bench_user` through the runner. It ends at the first line of the
+user module, which reads the monotonic clock (system-wide on Linux) and sends it as the
+`started` event. The baseline is the whole of `<venv>/bin/python -c pass`, start to exit.
+Pairs are interleaved with the order alternating; figures are medians.
+
+    python bench/launch.py [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from workers.launcher.guard import run_guard
+from workers.launcher.runner import Job, Limits, run_job
+from workers.launcher.runtime import allocate_runtime, release_runtime
+from workers.launcher.venv import ensure_venv
+
+GOAL = 1.25
+USER_MODULE = """\
+import time; _FIRST_LINE = time.monotonic()
+import json, os, socket
+if "AUTOPILOT_EVENTS" in os.environ:
+    _s = socket.socket(socket.AF_UNIX)
+    _s.connect(os.environ["AUTOPILOT_EVENTS"])
+    _s.sendall(json.dumps({"type": "started", "t": _FIRST_LINE}).encode() + b"\\n")
+    _s.close()
+else:  # the `-m` reference run without the runner
+    os.write(1, repr(_FIRST_LINE).encode())
+"""
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="20 pairs instead of 60")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    pairs = 20 if args.quick else 60
+
+    work = Path(tempfile.mkdtemp(prefix="ap-bench-"))
+    try:
+        venv = ensure_venv(work / "state", "bench", [])
+        worktree = work / "wt"
+        worktree.mkdir()
+        (worktree / "bench_user.py").write_text(USER_MODULE)
+        cache = work / "state" / "guard-cache"
+        base_env = dict(os.environ)
+
+        def launch(check_cached: bool) -> tuple[float, float, float]:
+            """One launch: (first line - start, prep time, spawn-to-first-line)."""
+            first: list[float] = []
+            t0 = time.monotonic()
+            rt = allocate_runtime(state_dir=work / "state", env=base_env)
+            try:
+                job = Job(
+                    venv=venv.path,
+                    entry="bench_user",
+                    cwd=worktree,
+                    runtime=rt,
+                    spec={},
+                    pythonpath=[worktree],
+                    base_env=base_env,
+                    cuda_visible_devices="",
+                    requirements_hash=venv.requirements_hash,
+                )
+                report = run_guard(
+                    venv.path,
+                    env=job.env(),
+                    cwd=worktree,
+                    entry="bench_user",
+                    worktree=worktree,
+                    requirements_hash=venv.requirements_hash,
+                    cache_dir=cache,
+                )
+                if not report.ok:
+                    raise SystemExit(report.render())
+                if check_cached and not report.cached:
+                    raise SystemExit("the guard cache was cold on a warm launch")
+                t_spawn = time.monotonic()
+                out = run_job(
+                    job, limits=Limits(timeout_s=60), on_event=lambda e: first.append(float(e["t"]))
+                )
+            finally:
+                release_runtime(rt)
+            if out.returncode != 0 or not first:
+                raise SystemExit(f"user module failed: {out.stderr}")
+            return first[0] - t0, t_spawn - t0, first[0] - t_spawn
+
+        m_env = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONSAFEPATH": "1",
+            "PYTHONPATH": str(worktree),
+        }
+
+        def bare_m() -> float:
+            """Reference, not the baseline: plain `python -m` to its first line, no runner."""
+            t0 = time.monotonic()
+            out = subprocess.run(
+                [str(venv.python), "-m", "bench_user"],
+                env=m_env,
+                cwd=worktree,
+                capture_output=True,
+                check=True,
+            )
+            return float(out.stdout) - t0
+
+        def bare() -> float:
+            t0 = time.monotonic()
+            subprocess.run([str(venv.python), "-c", "pass"], check=True)
+            return time.monotonic() - t0
+
+        t_cold = time.monotonic()
+        launch(check_cached=False)  # fills the guard cache (a cold guard run)
+        guard_cold_s = time.monotonic() - t_cold
+        for _ in range(3):  # warm the page cache for both sides
+            launch(check_cached=True)
+            bare()
+        ours: list[float] = []
+        prep: list[float] = []
+        spawn: list[float] = []
+        base: list[float] = []
+        plain_m: list[float] = []
+        for i in range(pairs):
+            order = (0, 1) if i % 2 == 0 else (1, 0)
+            for side in order:
+                if side == 0:
+                    total, p, s = launch(check_cached=True)
+                    ours.append(total)
+                    prep.append(p)
+                    spawn.append(s)
+                else:
+                    base.append(bare())
+            plain_m.append(bare_m())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    med_ours, med_base = statistics.median(ours), statistics.median(base)
+    result: dict[str, Any] = {
+        "benchmark": "launch",
+        "pairs": pairs,
+        "first_line_s": round(med_ours, 5),
+        "baseline_s": round(med_base, 5),
+        "baseline": "<venv>/bin/python -c pass, start to exit",
+        "ratio": round(med_ours / med_base, 3),
+        "paired_ratio_median": round(
+            statistics.median(o / b for o, b in zip(ours, base, strict=True)), 3
+        ),
+        "goal": {"ratio_max": GOAL},
+        "meets_goal": med_ours / med_base <= GOAL,
+        "overhead_s": round(med_ours - med_base, 5),
+        "plain_m_first_line_s": round(statistics.median(plain_m), 5),
+        "runner_overhead_s": round(med_ours - statistics.median(plain_m), 5),
+        "prep_s": round(statistics.median(prep), 5),
+        "spawn_to_first_line_s": round(statistics.median(spawn), 5),
+        "guard_cold_s": round(guard_cold_s, 4),
+        "machine": {
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "os": platform.platform(),
+        },
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:24} {value}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,548 @@
+"""Running one experiment: spec to result.json, with accuracy gated before any verdict.
+
+An entry module builds a :class:`Case` (a baseline, its variants and a reference) for the
+spec's parameters and hands it to :func:`main`; everything else - warm-up, interleaved paired
+timing, A/A noise floor, verdicts, roofline, thread sweep, factorial, events and the result
+file - happens here, the same way for every project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autopilot_harness import accuracy, environment, factorial, roofline, stats
+from autopilot_harness._torch import require_torch
+from autopilot_harness.protocol import (
+    SCHEMA_VERSION,
+    EventStream,
+    Spec,
+    SpecError,
+    Tolerance,
+    find_config,
+    load_config,
+    parse_spec,
+    read_spec_file,
+    write_result,
+)
+from autopilot_harness.timing import (
+    CpuTimer,
+    CudaTimer,
+    Timer,
+    interleaved,
+    median_time_ns,
+    warm_up,
+)
+
+MEMORY_HEADROOM = 0.8
+
+
+class ExperimentError(RuntimeError):
+    """The experiment itself failed (a build or a variant raised); reported, never partial."""
+
+
+@dataclass
+class Variant:
+    name: str
+    fn: Callable[[], Any]
+    flops: float | None = None
+    bytes_moved: float | None = None
+    description: str = ""
+
+
+@dataclass
+class Case:
+    """What one spec measures: variants against a baseline, judged against a reference."""
+
+    baseline: Variant
+    variants: list[Variant]
+    # The trusted answer (a tensor, or a callable computing one, e.g. in float64); when absent
+    # the baseline's own output is the reference.
+    reference: Any = None
+    flops: float | None = None
+    bytes_moved: float | None = None
+    dtype: str = "float32"
+    # Leaf tensors that need gradients when the backward pass is timed.
+    inputs: Sequence[Any] = ()
+
+
+@dataclass
+class Factorial:
+    levers: list[str]
+    make: Callable[[frozenset[str]], Callable[[], Any]]
+
+
+@dataclass
+class Context:
+    spec: Spec
+    timer: Timer
+    events: EventStream
+    project_dir: Path
+    repeats: int
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self.spec.parameters
+
+    @property
+    def device(self) -> str:
+        return self.spec.device
+
+    @property
+    def seed(self) -> int:
+        return self.spec.seed
+
+    def option(self, name: str, default: bool = False) -> bool:
+        return bool(self.spec.options.get(name, default))
+
+    def log(self, message: str) -> None:
+        print(message, file=sys.stderr)
+        self.events.send({"type": "log", "message": message})
+
+    def median_ns(self, fn: Callable[[], Any], calls: int | None = None) -> float:
+        """Warmed-up median time of ``fn`` alone (for studies, not for A/B verdicts)."""
+        warm_up(fn, self.timer, max_seconds=2.0)
+        return median_time_ns(fn, self.timer, calls or max(self.repeats // 2, 5))
+
+
+@dataclass
+class Experiment:
+    build: Callable[[Context], Case]
+    memory_bytes: Callable[[Mapping[str, Any]], float] | None = None
+    study: Callable[[Context, Case], dict[str, Any]] | None = None
+    factorial: Callable[[Context], Factorial] | None = None
+    default_repeats: int = 30
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def available_memory(device: str) -> float | None:
+    if device == "cuda":
+        torch = require_torch()
+        free, _total = torch.cuda.mem_get_info()
+        return float(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(needed: float, device: str) -> None:
+    free = available_memory(device)
+    if free is not None and needed > MEMORY_HEADROOM * free:
+        raise SpecError(
+            f"these shapes need about {needed / 2**30:.2f} GiB but {device} has "
+            f"{free / 2**30:.2f} GiB available ({MEMORY_HEADROOM:.0%} usable): use smaller shapes"
+        )
+
+
+def _call_checked(variant: Variant) -> Any:
+    try:
+        return variant.fn()
+    except Exception as exc:
+        raise ExperimentError(
+            f"variant {variant.name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _with_backward(fn: Callable[[], Any], inputs: Sequence[Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        for tensor in inputs:
+            tensor.grad = None
+        out = fn()
+        (out.real.sum() if out.is_complex() else out.sum()).backward()
+        return out
+
+    return run
+
+
+def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    torch = require_torch()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _compare(
+    baseline: Callable[[], Any],
+    candidates: dict[str, Callable[[], Any]],
+    ctx: Context,
+    *,
+    stage: str,
+    accuracy_pass: Mapping[str, bool],
+) -> dict[str, Any]:
+    def progress(done: int, total: int) -> None:
+        ctx.events.send({"type": "progress", "stage": stage, "done": done, "total": total})
+
+    aa, ab = interleaved(
+        baseline, candidates, pairs=ctx.repeats, timer=ctx.timer, seed=ctx.seed, on_round=progress
+    )
+    aa_est = stats.estimate_ratio(aa.a_ns, aa.b_ns, seed=ctx.seed)
+    floor = stats.noise_floor(aa_est)
+    comparisons = []
+    for i, (name, samples) in enumerate(ab.items()):
+        est = stats.estimate_ratio(samples.a_ns, samples.b_ns, seed=ctx.seed + 1 + i)
+        verdict = stats.decide(est, floor, accuracy_pass=accuracy_pass[name])
+        ctx.events.send(
+            {
+                "type": "sample",
+                "stage": stage,
+                "variant": name,
+                "a_ns": samples.a_ns,
+                "b_ns": samples.b_ns,
+            }
+        )
+        comparisons.append(
+            {"variant": name, **est.as_dict(), "verdict": verdict, "samples": samples.as_dict()}
+        )
+    return {
+        "noise": {**aa_est.as_dict(), "floor": floor, "samples": aa.as_dict()},
+        "comparisons": comparisons,
+    }
+
+
+def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
+    torch = require_torch()
+    spec = ctx.spec
+    if experiment.memory_bytes is not None:
+        check_memory(float(experiment.memory_bytes(spec.parameters)), spec.device)
+    try:
+        case = experiment.build(ctx)
+    except (SpecError, ExperimentError):
+        raise
+    except Exception as exc:
+        raise ExperimentError(f"building the case raised {type(exc).__name__}: {exc}") from exc
+    names = [case.baseline.name, *(v.name for v in case.variants)]
+    if len(set(names)) != len(names) or not case.variants:
+        raise ExperimentError(
+            f"a case needs distinct variant names and at least one variant: {names}"
+        )
+
+    ctx.log(f"accuracy gate for {', '.join(names)}")
+    with torch.no_grad():
+        ref = case.reference() if callable(case.reference) else case.reference
+        base_out = _call_checked(case.baseline)
+        if ref is None:
+            ref = base_out
+        acc = {case.baseline.name: accuracy.check(base_out, ref, spec.tolerance)}
+        for variant in case.variants:
+            acc[variant.name] = accuracy.check(_call_checked(variant), ref, spec.tolerance)
+    del ref, base_out
+
+    backward = ctx.option("backward")
+    calls: dict[str, Callable[[], Any]] = {}
+    for variant in [case.baseline, *case.variants]:
+        fn = variant.fn
+        if backward:
+            for tensor in case.inputs:
+                tensor.requires_grad_(True)
+            fn = _with_backward(fn, case.inputs)
+        calls[variant.name] = fn
+
+    warmups = {}
+    for name, fn in calls.items():
+        try:
+            w = warm_up(fn, ctx.timer)
+        except Exception as exc:
+            raise ExperimentError(f"variant {name!r} raised {type(exc).__name__}: {exc}") from exc
+        warmups[name] = {"calls": w.calls, "settled": w.settled, "median_ns": w.median_ns}
+
+    candidates = {v.name: calls[v.name] for v in case.variants}
+    passes = {name: a.passed for name, a in acc.items()}
+    ctx.log(f"timing {ctx.repeats} interleaved rounds")
+    timed = _compare(
+        calls[case.baseline.name], candidates, ctx, stage="timing", accuracy_pass=passes
+    )
+    for comp in timed["comparisons"]:
+        comp["baseline"] = case.baseline.name
+        comp["accuracy"] = acc[comp["variant"]].as_dict()
+        comp["warmup"] = warmups[comp["variant"]]
+
+    graph_section = None
+    if ctx.option("cuda_graph") and spec.device == "cuda":
+        if backward:
+            graph_section = {"skipped": "graph replay is measured for the forward pass only"}
+        else:
+            ctx.log("timing CUDA-graph replays")
+            graphed = {name: _graphed(fn) for name, fn in calls.items()}
+            graph_section = _compare(
+                graphed[case.baseline.name],
+                {v.name: graphed[v.name] for v in case.variants},
+                ctx,
+                stage="cuda_graph",
+                accuracy_pass=passes,
+            )
+
+    peak = (
+        roofline.known_peak(torch.cuda.get_device_name(), case.dtype)
+        if spec.device == "cuda"
+        else None
+    )
+    if peak is None:
+        peak = roofline.cpu_probe(ctx.timer) if spec.device == "cpu" else None
+    medians = {case.baseline.name: float(np.median(timed["noise"]["samples"]["a_ns"]))}
+    for comp in timed["comparisons"]:
+        medians[comp["variant"]] = float(np.median(comp["samples"]["b_ns"]))
+    roof = {"peak": peak, "variants": {}}
+    for variant in [case.baseline, *case.variants]:
+        flops = variant.flops if variant.flops is not None else case.flops
+        moved = variant.bytes_moved if variant.bytes_moved is not None else case.bytes_moved
+        roof["variants"][variant.name] = roofline.achieved(
+            medians[variant.name], flops, moved, peak
+        )
+
+    sweep = None
+    if spec.device == "cpu" and ctx.option("thread_sweep", default=True):
+        ctx.log("thread sweep")
+        sweep = roofline.thread_sweep(calls, ctx.timer)
+
+    fact = None
+    if experiment.factorial is not None and ctx.option("factorial", default=True):
+        ctx.log("factorial over levers")
+        design = experiment.factorial(ctx)
+        combos = factorial.combinations(design.levers)
+        fns = {factorial.label(c): design.make(c) for c in combos}
+        for fn in fns.values():
+            warm_up(fn, ctx.timer, max_seconds=2.0)
+        base_label = factorial.label(frozenset())
+        fact_timed = _compare(
+            fns[base_label],
+            {k: v for k, v in fns.items() if k != base_label},
+            ctx,
+            stage="factorial",
+            accuracy_pass=dict.fromkeys(fns, True),
+        )
+        by_label = {c["variant"]: c for c in fact_timed["comparisons"]}
+        estimates = {
+            c: stats.RatioEstimate(
+                by_label[factorial.label(c)]["ratio"],
+                by_label[factorial.label(c)]["ci_low"],
+                by_label[factorial.label(c)]["ci_high"],
+                by_label[factorial.label(c)]["n"],
+            )
+            for c in combos
+            if c
+        }
+        fact = factorial.summarise(design.levers, estimates)
+        fact["noise_floor"] = fact_timed["noise"]["floor"]
+
+    study = None
+    if experiment.study is not None:
+        ctx.log("study")
+        try:
+            study = experiment.study(ctx, case)
+        except Exception as exc:
+            raise ExperimentError(f"the study raised {type(exc).__name__}: {exc}") from exc
+
+    head = timed["comparisons"][0]
+    return {
+        "ratio": head["ratio"],
+        "ci_low": head["ci_low"],
+        "ci_high": head["ci_high"],
+        "verdict": head["verdict"],
+        "headline": {
+            "variant": head["variant"],
+            "baseline": case.baseline.name,
+            "metric": "ratio",
+            "ratio": head["ratio"],
+            "ci_low": head["ci_low"],
+            "ci_high": head["ci_high"],
+            "verdict": head["verdict"],
+        },
+        "noise_floor": timed["noise"],
+        "baseline": {
+            "name": case.baseline.name,
+            "accuracy": acc[case.baseline.name].as_dict(),
+            "warmup": warmups[case.baseline.name],
+        },
+        "comparisons": timed["comparisons"],
+        "cuda_graph": graph_section,
+        "roofline": roof,
+        "thread_sweep": sweep,
+        "factorial": fact,
+        "study": study,
+    }
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run an autopilot experiment.")
+    parser.add_argument(
+        "--spec",
+        type=Path,
+        help="spec JSON (default: $AUTOPILOT_SPEC, else the CPU defaults from autopilot.toml)",
+    )
+    parser.add_argument(
+        "--result",
+        type=Path,
+        help="where result.json goes (default: $AUTOPILOT_RESULT, else ./result.json)",
+    )
+    return parser.parse_args(argv)
+
+
+def _set_seeds(seed: int) -> None:
+    torch = require_torch()
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - seeds user code that uses the legacy global RNG
+    torch.manual_seed(seed)
+
+
+def run(
+    experiments: Mapping[str, Experiment],
+    argv: Sequence[str] | None = None,
+    *,
+    events: EventStream | None = None,
+) -> tuple[int, dict[str, Any], Path]:
+    """Run the spec'd experiment; returns (exit code, result, result path). Never raises."""
+    events = events or EventStream(os.environ.get("AUTOPILOT_EVENTS"))
+    events.send({"type": "started", "pid": os.getpid()})
+    started = time.time()
+    args = _parse_args(argv)
+    spec_path = args.spec or (Path(p) if (p := os.environ.get("AUTOPILOT_SPEC")) else None)
+    result_path = args.result or Path(os.environ.get("AUTOPILOT_RESULT") or "result.json")
+    cwd = Path.cwd()
+    raw: Any = None
+    spec: Spec | None = None
+    result: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "status": "error",
+        "experiment": None,
+        "parameters": None,
+    }
+    try:
+        entry_dir = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else cwd
+        config_path = find_config(cwd, entry_dir)
+        configs = load_config(config_path)
+        if spec_path is not None:
+            raw = read_spec_file(spec_path)
+        else:
+            runnable = [name for name in configs if name in experiments]
+            if not runnable:
+                raise SpecError(f"none of {sorted(experiments)} is declared in {config_path}")
+            raw = {"experiment": runnable[0]}
+        if isinstance(raw, Mapping):
+            result["experiment"] = (
+                raw.get("experiment") if isinstance(raw.get("experiment"), str) else None
+            )
+            result["parameters"] = (
+                raw.get("parameters") if isinstance(raw.get("parameters"), Mapping) else None
+            )
+        spec = parse_spec(raw, configs)
+        result["parameters"] = spec.parameters
+        if spec.experiment not in experiments:
+            raise SpecError(
+                f"experiment {spec.experiment!r} is declared in {config_path.name} "
+                f"but this entry module provides only {sorted(experiments)}"
+            )
+        torch = require_torch()
+        if spec.device == "cuda" and not torch.cuda.is_available():
+            raise SpecError("device 'cuda' was requested but torch sees no CUDA device")
+        experiment = experiments[spec.experiment]
+        repeats = spec.repeats or experiment.default_repeats
+        _set_seeds(spec.seed)
+        timer: Timer = CudaTimer() if spec.device == "cuda" else CpuTimer()
+        ctx = Context(
+            spec=spec, timer=timer, events=events, project_dir=config_path.parent, repeats=repeats
+        )
+        body = _run_case(experiment, ctx)
+        result.update(
+            status="ok",
+            device=spec.device,
+            seed=spec.seed,
+            repeats=repeats,
+            tolerance=spec.tolerance.as_dict(),
+            options=spec.options,
+            metric=configs[spec.experiment].metric,
+            direction=configs[spec.experiment].direction,
+            **body,
+            error=None,
+        )
+        code = 0
+    except (SpecError, ExperimentError) as exc:
+        result.update(status="error", error={"type": type(exc).__name__, "message": str(exc)})
+        code = 1
+    except Exception as exc:
+        result.update(
+            status="error",
+            error={
+                "type": type(exc).__name__,
+                "message": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=8),
+            },
+        )
+        code = 1
+    if result["status"] == "error":
+        # Strip anything a failed run half-filled: an error result carries no figures.
+        result = {
+            k: result[k] for k in ("schema_version", "status", "experiment", "parameters", "error")
+        }
+        if spec is not None:
+            result["device"] = spec.device
+    try:
+        result["environment"] = environment.capture(spec.device if spec else "cpu", cwd)
+    except Exception as exc:  # an unreadable environment must not hide the result itself
+        result["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
+    result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat()
+    result["duration_s"] = round(time.time() - started, 3)
+    try:
+        write_result(result_path, result)
+    except (OSError, ValueError) as exc:
+        print(f"cannot write {result_path}: {exc}", file=sys.stderr)
+        code = 1
+    events.send({"type": "result", "status": result["status"], "path": str(result_path)})
+    events.close()
+    return code, result, result_path
+
+
+def _summary(result: Mapping[str, Any]) -> str:
+    if result["status"] != "ok":
+        return f"error: {result['error']['message']}"
+    lines = [f"{result['experiment']}: noise floor {result['noise_floor']['floor']:.2%}"]
+    for comp in result["comparisons"]:
+        lines.append(
+            f"  {comp['variant']} / {comp['baseline']}: ratio {comp['ratio']:.4f} "
+            f"[{comp['ci_low']:.4f}, {comp['ci_high']:.4f}] -> {comp['verdict']}"
+            f" (max rel error {comp['accuracy']['max_rel_error']})"
+        )
+    return "\n".join(lines)
+
+
+def main(experiments: Mapping[str, Experiment], argv: Sequence[str] | None = None) -> None:
+    """Entry point for ``python -m <entry>``: run, write result.json, exit 0 (ok) or 1 (error)."""
+    code, result, path = run(experiments, argv)
+    print(_summary(result))
+    print(f"result: {path}")
+    raise SystemExit(code)
+
+
+__all__ = [
+    "Case",
+    "Context",
+    "Experiment",
+    "ExperimentError",
+    "Factorial",
+    "Tolerance",
+    "Variant",
+    "main",
+    "run",
+]

@@ -1,0 +1,1 @@
+"""Multi-LoRA serving: per-adapter application against a fused batched form."""

@@ -1,0 +1,168 @@
+"""Real worker processes (control + one gpu.cpu) on a real broker, and a small research repo."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+import pytest
+
+from app.db import Stores
+from app.settings import Settings
+from tests.conftest import Backend, need_redis
+
+PROBE = '''
+"""A tiny experiment: reports its first line, records each run, sleeps, writes a result."""
+import json, os, socket, subprocess, sys, time
+
+def send(event):
+    path = os.environ.get("AUTOPILOT_EVENTS")
+    if path:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall((json.dumps(event) + "\\n").encode())
+        s.close()
+
+send({"type": "started"})
+spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))
+params = spec["parameters"]
+here = os.path.dirname(os.path.abspath("."))
+with open(os.path.join(here, "runs.txt"), "a") as f:
+    f.write(f"{os.getpid()}\\n")
+if params.get("grandchild"):
+    child = subprocess.Popen(["sleep", "300"])
+    open(os.path.join(here, "grandchild.pid"), "w").write(str(child.pid))
+time.sleep(params["sleep_s"])
+json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params},
+          open(os.environ["AUTOPILOT_RESULT"], "w"))
+'''
+
+CONFIG = '''
+[project]
+name = "{name}"
+gpu_kind = "cpu"
+python_requirements = []
+
+[experiments.probe]
+entry = "probe.main"
+time_limit_s = 120
+
+[experiments.probe.parameters]
+sleep_s = [0.05, 0.2, 0.5, 3, 60]
+grandchild = [0, 1]
+
+[experiments.probe.defaults]
+sleep_s = 0.05
+grandchild = 0
+'''
+
+
+def make_repo(root: Path, name: str) -> Path:
+    repo_dir = root / name
+    (repo_dir / "probe").mkdir(parents=True)
+    (repo_dir / "probe" / "__init__.py").write_text("")
+    (repo_dir / "probe" / "main.py").write_text(textwrap.dedent(PROBE))
+    (repo_dir / "autopilot.toml").write_text(CONFIG.format(name=name))
+    repo = git.Repo.init(repo_dir, initial_branch="main")
+    repo.index.add(["probe/__init__.py", "probe/main.py", "autopilot.toml"])
+    actor = git.Actor("t", "t@example.invalid")
+    repo.index.commit("probe project", author=actor, committer=actor)
+    return repo_dir
+
+
+@pytest.fixture(scope="session")
+def shared_venv_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Project venvs are keyed by requirements; sharing the root builds one once per session.
+    return tmp_path_factory.mktemp("venvs")
+
+
+@pytest.fixture(params=["filesystem", "redis"])
+def broker_url(request: pytest.FixtureRequest, backend: Backend) -> str:
+    if request.param == "filesystem":
+        if backend.name != "sqlite":
+            pytest.skip("the filesystem broker runs with the embedded SQLite stores")
+        return "filesystem://"
+    if backend.name != "postgres":
+        pytest.skip("Redis runs with PostgreSQL, as in production")
+    url = need_redis()
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def queue_settings(
+    settings: Settings, broker_url: str, shared_venv_root: Path
+) -> Settings:
+    return settings.model_copy(update={
+        "broker_url": broker_url,
+        "venv_system_site_packages": True,
+        "venv_root": shared_venv_root,
+        "lease_ttl_s": 3.0,
+        "heartbeat_interval_s": 0.5,
+        "reaper_interval_s": 1.0,
+        "doorbell_stale_s": 2.0,
+    })
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
+    env.update({
+        "AUTOPILOT_STATE_DIR": str(settings.state_dir),
+        "AUTOPILOT_MEMORY_URL": settings.memory_database_url,
+        "AUTOPILOT_OPS_URL": settings.ops_database_url,
+        "AUTOPILOT_BROKER_URL": settings.broker_url,
+        "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": "true",
+        "AUTOPILOT_VENV_ROOT": str(settings.venv_root),
+        "AUTOPILOT_LEASE_TTL_S": str(settings.lease_ttl_s),
+        "AUTOPILOT_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+        "AUTOPILOT_REAPER_INTERVAL_S": str(settings.reaper_interval_s),
+        "AUTOPILOT_DOORBELL_STALE_S": str(settings.doorbell_stale_s),
+    })
+    return env
+
+
+@dataclass
+class Workers:
+    settings: Settings
+    log_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", *args, "--loglevel", "WARNING"],
+            env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT,
+            cwd=self.settings.state_dir, start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("*.log")))
+
+
+@pytest.fixture
+def workers(queue_settings: Settings, stores: Stores, tmp_path: Path) -> Iterator[Workers]:
+    queue_settings.state_dir.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "worker-logs").mkdir()
+    running = Workers(queue_settings, tmp_path / "worker-logs")
+    yield running
+    running.stop_all()

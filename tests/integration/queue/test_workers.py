@@ -1,0 +1,131 @@
+"""The GPU handoff queue with real worker processes on a real broker (no eager mode)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from app import broker
+from app.cycles import config as project_config
+from app.db import Stores
+from app.ops import jobs
+from app.ops import service as ops
+from app.ops.models import Job
+from app.ops.schemas import ProjectCreate
+from tests.integration.queue.conftest import Workers, make_repo
+from tests.support import wait_for
+
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def submit(stores: Stores, workers: Workers, repo: Path, **params: object) -> int:
+    settings = workers.settings
+    with stores.ops_session() as session:
+        project = ops.get_project(session, repo.name) if _exists(session, repo.name) else \
+            ops.create_project(session, ProjectCreate(name=repo.name, repo_url=str(repo)))
+        cfg = project_config.load_from_repo(str(repo), "main")
+        job_id = jobs.submit(session, settings, project, cfg, "probe", dict(params)).id
+    broker.ring_prepare(settings, job_id)
+    return job_id
+
+
+def _exists(session, name):  # type: ignore[no-untyped-def]
+    from app.ops import repository
+
+    return repository.get_project(session, name) is not None
+
+
+def job(stores: Stores, job_id: int) -> Job:
+    with stores.ops_session() as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        session.expunge(row)
+        return row
+
+
+def finished(stores: Stores, job_id: int) -> Job | None:
+    row = job(stores, job_id)
+    return row if row.state in FINISHED else None
+
+
+def runs(workers: Workers, job_id: int) -> list[str]:
+    path = workers.settings.state_dir.absolute() / "jobs" / str(job_id) / "runs.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path, "probe-a")
+    workers.start("control", "control", "--beat")
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    job_id = submit(stores, workers, repo, sleep_s=0.05)
+    done = wait_for(lambda: finished(stores, job_id), timeout=120)
+    assert done.state == "succeeded", (done.error, workers.logs())
+    assert done.result == {"status": "ok", "experiment": "probe",
+                           "parameters": {"sleep_s": 0.05, "grandchild": 0}}
+    assert done.attempts == 1 and done.first_line_at is not None
+    assert len(runs(workers, job_id)) == 1
+    with stores.ops_session() as session:
+        (worker,) = jobs.list_workers(session)
+        assert worker.kind == "cpu" and worker.current_job_id is None
+
+
+def test_sigkill_mid_job_completes_exactly_once(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path, "probe-k")
+    workers.start("control", "control", "--beat")
+    for round_ in range(2):
+        workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+        job_id = submit(stores, workers, repo, sleep_s=3)
+        wait_for(lambda: job(stores, job_id).state == "running", timeout=120)
+        first_pid = wait_for(lambda: runs(workers, job_id))[0]
+        workers.kill("gpu")
+        # The experiment dies with its worker (PR_SET_PDEATHSIG): no orphan keeps the GPU.
+        wait_for(lambda: not Path(f"/proc/{first_pid}").exists(), timeout=10)
+        workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+        done = wait_for(lambda: finished(stores, job_id), timeout=120)
+        assert done.state == "succeeded", (round_, done.error, workers.logs())
+        assert done.attempts == 2
+        assert len(runs(workers, job_id)) == 2  # killed once, completed once
+        workers.kill("gpu")
+    with stores.ops_session() as session:
+        assert all(j.state == "succeeded" for j in jobs.list_jobs(session))
+
+
+def test_duplicate_doorbells_are_no_ops(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path, "probe-d")
+    workers.start("control", "control")
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    job_id = submit(stores, workers, repo, sleep_s=0.2)
+    for _ in range(3):
+        broker.ring_prepare(workers.settings, job_id)
+        broker.ring_gpu(workers.settings, "gpu.cpu", job_id)
+    done = wait_for(lambda: finished(stores, job_id), timeout=120)
+    assert done.state == "succeeded"
+    # A later job proves the duplicate doorbells were all consumed without running anything.
+    later = submit(stores, workers, repo, sleep_s=0.05)
+    wait_for(lambda: finished(stores, later), timeout=120)
+    assert len(runs(workers, job_id)) == 1
+    assert job(stores, job_id).attempts == 1
+
+
+def test_cancel_running_job_kills_its_tree(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path, "probe-c")
+    workers.start("control", "control")
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    job_id = submit(stores, workers, repo, sleep_s=60, grandchild=1)
+    pid_file = workers.settings.state_dir.absolute() / "jobs" / str(job_id) / "grandchild.pid"
+    grandchild = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=120))
+    with stores.ops_session() as session:
+        jobs.cancel(session, job_id, by="alice")
+    done = wait_for(lambda: finished(stores, job_id), timeout=60)
+    assert done.state == "cancelled" and done.cancelled_by == "alice"
+    wait_for(lambda: not _alive(grandchild), timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited; it only waits for its parent (init here) to reap it.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"

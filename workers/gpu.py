@@ -1,0 +1,408 @@
+"""The GPU runtime: prepare a job off the demand path, then lease, run and finish jobs.
+
+Preparation (source checkout, venv, preflight guard) happens in the `prepare` queue before a
+job may take a GPU (DESIGN.md, lesson 3). A GPU worker leases the oldest prepared job of its
+queue, runs it through the launcher, records exactly one outcome, and goes straight on to the
+next prepared job without waiting for another doorbell; cleanup is batched after release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import git
+
+from app import broker
+from app.cycles import config as project_config
+from app.db import Stores
+from app.ops import jobs
+from app.ops.models import Job, Project
+from app.settings import Settings, redact_text
+from workers.launcher import guard, runner, runtime, venv
+
+log = logging.getLogger(__name__)
+HARNESS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "harness"
+CLEANUP_BATCH = 8
+
+
+@dataclass
+class WorkerIdentity:
+    name: str
+    kind: str
+    device: str  # what CUDA_VISIBLE_DEVICES gets; "" on a CPU worker
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def queue(self) -> str:
+        return f"gpu.{self.kind}"
+
+    @classmethod
+    def for_device(cls, kind: str, device: str) -> WorkerIdentity:
+        host = socket.gethostname()
+        return cls(name=f"gpu-{kind}-{device or 'x'}@{host}", kind=kind, device=device, host=host)
+
+
+def job_dir(settings: Settings, job_id: int) -> Path:
+    return settings.state_dir.absolute() / "jobs" / str(job_id)
+
+
+def venvs_root(settings: Settings) -> Path:
+    return (settings.venv_root or settings.state_dir).absolute()
+
+
+# -- prepare ---------------------------------------------------------------------------------
+
+
+def prepare_job(stores: Stores, settings: Settings, job_id: int) -> bool:
+    """Make the job ready for a GPU; True when it was prepared now (then its doorbell rings)."""
+    with stores.ops_session() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.state != "queued" or job.prepared_at is not None:
+            return False
+        project = session.get(Project, job.project_id)
+        assert project is not None
+        name, repo_url, branch = project.name, project.repo_url, project.default_branch
+        workdir = job.workdir
+        entry, queue = str(job.spec.get("entry", "")), job.queue
+    try:
+        source = Path(workdir) if workdir else checkout(repo_url, branch, job_dir(settings, job_id))
+        cfg = project_config.load(source)
+        experiment = cfg.experiment(str(job.experiment))
+        entry = entry or experiment.entry
+        requirements = [*cfg.project.python_requirements, str(HARNESS_DIR)]
+        env = venv_for_job(settings, name, requirements)
+        report = guard.run_guard(
+            env.path,
+            env=guard_env(settings, env, source),
+            cwd=source,
+            entry=entry,
+            modules=experiment.imports,
+            worktree=source,
+            requirements_hash=env.requirements_hash,
+            cache_dir=settings.state_dir.absolute() / "guard-cache",
+        )
+        if not report.ok:
+            raise PreparationError(report.render())
+    except (PreparationError, venv.VenvError, project_config.ConfigError, git.GitError) as exc:
+        message = redact_text(getattr(exc, "detail", None) or str(exc))
+        with stores.ops_session() as session:
+            jobs.fail_unstarted(session, job_id, f"preparation failed: {message}")
+        ring_cycle(settings, stores, job_id)
+        return False
+    with stores.ops_session() as session:
+        prepared = jobs.mark_prepared(session, job_id, workdir=str(source), venv_path=str(env.path))
+        if prepared:
+            job = session.get(Job, job_id)
+            assert job is not None
+            job.spec = {
+                **job.spec,
+                "entry": entry,
+                "socket_suffix_len": experiment.socket_suffix_len,
+                "requirements_hash": env.requirements_hash,
+            }
+    if prepared:
+        broker.ring_gpu(settings, queue, job_id)
+    return prepared
+
+
+class PreparationError(RuntimeError):
+    pass
+
+
+def checkout(repo_url: str, branch: str, dest: Path) -> Path:
+    """A fresh clone of the project's default branch for a standalone job."""
+    target = dest / "src"
+    if (target / ".git").exists():
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    git.Repo.clone_from(repo_url, target, branch=branch, depth=1, no_hardlinks=True)
+    return target
+
+
+def venv_for_job(settings: Settings, project: str, requirements: list[str]) -> venv.Venv:
+    return venv.ensure_venv(
+        venvs_root(settings),
+        project,
+        requirements,
+        system_site_packages=settings.venv_system_site_packages,
+    )
+
+
+def guard_env(settings: Settings, env: venv.Venv, source: Path) -> dict[str, str]:
+    """The environment the job will get, for the preflight guard (volatile paths excluded)."""
+    probe = runtime.allocate_runtime(state_dir=settings.state_dir.absolute(), env=os.environ)
+    try:
+        spec = runner.Job(
+            venv=env.path,
+            entry="x",
+            cwd=source,
+            runtime=probe,
+            spec={},
+            pythonpath=[source],
+            base_env=dict(os.environ),
+            requirements_hash=env.requirements_hash,
+        )
+        return spec.env()
+    finally:
+        runtime.release_runtime(probe)
+
+
+# -- run ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunLoop:
+    """One GPU worker's loop over its queue."""
+
+    stores: Stores
+    settings: Settings
+    me: WorkerIdentity
+    pending_cleanup: list[runtime.RuntimeDir] = field(default_factory=list)
+
+    def run_available(self) -> int:
+        """Run prepared jobs until none is left; returns how many ran."""
+        ran = 0
+        while True:
+            with self.stores.ops_session() as session:
+                job = jobs.lease_next(
+                    session,
+                    self.settings,
+                    queue=self.me.queue,
+                    worker=self.me.name,
+                    device=self.me.device,
+                    host=self.me.host,
+                )
+                if job is None:
+                    break
+                jobs.set_current_job(session, self.me.name, job.id)
+                ticket = Ticket.of(job)
+            self.run_one(ticket)
+            ran += 1
+            if len(self.pending_cleanup) >= CLEANUP_BATCH:
+                self.cleanup()
+        self.cleanup()
+        return ran
+
+    def cleanup(self) -> None:
+        for rt in self.pending_cleanup:
+            with contextlib.suppress(Exception):
+                runtime.release_runtime(rt)
+        self.pending_cleanup.clear()
+
+    def run_one(self, ticket: Ticket) -> None:
+        log_path = job_dir(self.settings, ticket.job_id) / "job.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        rt = runtime.allocate_runtime(
+            state_dir=self.settings.state_dir.absolute(),
+            env=os.environ,
+            suffix_len=ticket.suffix_len,
+        )
+        launch = runner.Job(
+            venv=Path(ticket.venv),
+            entry=ticket.entry,
+            cwd=Path(ticket.workdir),
+            runtime=rt,
+            spec=ticket.spec,
+            cuda_visible_devices=self.me.device or None,
+            pythonpath=[Path(ticket.workdir)],
+            base_env=dict(os.environ),
+            requirements_hash=ticket.requirements_hash,
+        )
+        beat = Heartbeat(self, ticket.job_id)
+        with open(log_path, "a", encoding="utf-8") as log_file:
+            on_event = self._event_handler(ticket.job_id, log_file)
+            try:
+                beat.start()
+                outcome = runner.run_job(
+                    launch,
+                    limits=runner.Limits(timeout_s=ticket.time_limit_s),
+                    on_event=on_event,
+                    on_spawn=lambda pid, pgid: self._spawned(ticket.job_id, pid, pgid, beat),
+                )
+                error = None
+            except (runner.LaunchError, jobs.LeaseLost) as exc:
+                outcome, error = None, str(exc)
+            finally:
+                beat.stop()
+            if outcome is not None:
+                log_file.write(outcome.stdout)
+                log_file.write(outcome.stderr)
+        self.pending_cleanup.append(rt)
+        result = self._outcome(ticket, outcome, error, beat.cancelled, log_path)
+        try:
+            with self.stores.ops_session() as session:
+                job = jobs.finish(session, ticket.job_id, self.me.name, result)
+                cycle_id = job.cycle_id
+        except jobs.LeaseLost:
+            log.warning("job %s: lease lost before finishing; outcome discarded", ticket.job_id)
+            return
+        if cycle_id is not None:
+            broker.ring_advance(self.settings, cycle_id)
+
+    def _spawned(self, job_id: int, pid: int, pgid: int, beat: Heartbeat) -> None:
+        beat.pgid = pgid
+        with self.stores.ops_session() as session:
+            jobs.mark_running(session, job_id, self.me.name, pid, pgid)
+
+    def _event_handler(self, job_id: int, log_file: Any) -> Callable[[dict[str, Any]], None]:
+        def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("type")
+            if kind == "started":
+                at = datetime.now(UTC)
+                with self.stores.ops_session() as session:
+                    jobs.mark_first_line(session, job_id, self.me.name, at)
+            if kind in ("log", "progress"):
+                log_file.write(f"[{kind}] {event.get('message') or event}\n")
+                log_file.flush()
+
+        return on_event
+
+    def _outcome(
+        self,
+        ticket: Ticket,
+        outcome: runner.Outcome | None,
+        error: str | None,
+        cancelled: bool,
+        log_path: Path,
+    ) -> jobs.JobOutcome:
+        if outcome is None:
+            return jobs.JobOutcome(state="failed", error=error, log_path=str(log_path))
+        result = outcome.result if isinstance(outcome.result, dict) else None
+        state, message = "succeeded", None
+        if cancelled:
+            state, message = "cancelled", "cancelled while running; its process group was killed"
+        elif outcome.timed_out:
+            state, message = "failed", f"time limit of {ticket.time_limit_s:g} s exceeded"
+        elif outcome.returncode != 0:
+            state = "failed"
+            message = f"exited with {outcome.signal or outcome.returncode}: " + (
+                outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else "no output"
+            )
+        elif outcome.result_error:
+            state, message = "failed", outcome.result_error
+        elif result is not None and result.get("status") == "error":
+            state, message = "failed", f"experiment error: {result.get('error')}"
+        result_path = None
+        if result is not None:
+            saved = job_dir(self.settings, ticket.job_id) / "result.json"
+            import json
+
+            saved.write_text(json.dumps(result, indent=2))
+            result_path = str(saved)
+        return jobs.JobOutcome(
+            state=state,
+            exit_code=outcome.returncode,
+            error=message,
+            result=result,
+            result_path=result_path,
+            log_path=str(log_path),
+            gpu_seconds=outcome.duration_s,
+        )
+
+
+@dataclass
+class Ticket:
+    """What the GPU path needs of a job, read once at lease time."""
+
+    job_id: int
+    entry: str
+    workdir: str
+    venv: str
+    spec: dict[str, Any]
+    time_limit_s: float
+    suffix_len: int
+    requirements_hash: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> Ticket:
+        return cls(
+            job_id=job.id,
+            entry=str(job.spec["entry"]),
+            workdir=str(job.workdir),
+            venv=str(job.venv_path),
+            spec=dict(job.spec),
+            time_limit_s=job.time_limit_s,
+            suffix_len=int(job.spec.get("socket_suffix_len", 40)),
+            requirements_hash=job.spec.get("requirements_hash"),
+        )
+
+
+class Heartbeat:
+    """Renews the lease while the job runs; kills the job's group when cancellation is asked."""
+
+    def __init__(self, loop: RunLoop, job_id: int) -> None:
+        self.loop, self.job_id = loop, job_id
+        self.pgid: int | None = None
+        self.cancelled = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        interval = self.loop.settings.heartbeat_interval_s
+        while not self._stop.wait(interval):
+            try:
+                with self.loop.stores.ops_session() as session:
+                    wanted = jobs.heartbeat(
+                        session, self.loop.settings, self.job_id, self.loop.me.name
+                    )
+            except jobs.LeaseLost:
+                wanted = True  # someone else owns it now: stop ours
+            except Exception:  # a DB hiccup: keep the job, try again next beat
+                log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
+                continue
+            if wanted and not self.cancelled:
+                self.cancelled = True
+                self._kill()
+
+    def _kill(self) -> None:
+        if self.pgid is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.pgid, 0)
+                except ProcessLookupError:
+                    return
+                self._stop.wait(0.05)
+
+
+def ring_cycle(settings: Settings, stores: Stores, job_id: int) -> None:
+    with stores.ops_session() as session:
+        job = session.get(Job, job_id)
+        cycle_id = job.cycle_id if job else None
+    if cycle_id is not None:
+        broker.ring_advance(settings, cycle_id)
+
+
+def reap(stores: Stores, settings: Settings) -> jobs.Reaped:
+    """Requeue lapsed leases, then ring the doorbells of jobs that waited too long."""
+    with stores.ops_session() as session:
+        reaped = jobs.reap(session, settings)
+    for job_id in reaped.prepare_doorbells:
+        broker.ring_prepare(settings, job_id)
+    for queue in reaped.run_doorbells:
+        broker.ring_gpu(settings, queue)
+    return reaped

@@ -1,0 +1,342 @@
+"""Preflight guard: run the venv's interpreter exactly as the job will and check it is the venv.
+
+DESIGN.md, Lesson 1: a venv launched through a resolved interpreter runs on the base Python
+without the venv's packages, and nothing fails until the job does, on a GPU. The guard runs
+before the GPU lease and a passing result is cached, so a warm launch pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.launcher.venv import COMPLETE_MARKER, VenvError, interpreter_path
+
+#: Per-job paths: they differ on every launch and do not change what imports from where.
+_VOLATILE = frozenset(
+    {"AUTOPILOT_SPEC", "AUTOPILOT_EVENTS", "AUTOPILOT_RESULT", "TMPDIR", "CUDA_VISIBLE_DEVICES"}
+)
+GUARD_VERSION = "1"
+
+# Runs inside the venv's interpreter. It prints nothing: a module may print on import, so
+# the findings go to the file named in argv[1].
+_PROBE = r"""
+import importlib, importlib.util, json, os, site, sys, sysconfig, traceback
+out = {"executable": sys.executable, "prefix": sys.prefix, "base_prefix": sys.base_prefix,
+       "prefix_real": os.path.realpath(sys.prefix), "path": list(sys.path),
+       "user_site": site.USER_SITE if site.ENABLE_USER_SITE else None,
+       "cwd": os.getcwd(), "stdlib": [sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")],
+       "base_site": [p for p in site.getsitepackages() if not p.startswith(sys.prefix)],
+       "modules": {}}
+wanted = json.loads(sys.argv[2])
+for name in wanted["find"] + wanted["import"]:
+    try:
+        locs = []
+        if name in wanted["find"]:
+            # the entry is located, not run: its top level is the experiment itself
+            spec = importlib.util.find_spec(name)
+            if spec is None:
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            if spec.origin and spec.has_location:
+                locs.append(spec.origin)
+            elif spec.submodule_search_locations:
+                locs.extend(list(spec.submodule_search_locations))
+        else:
+            mod = importlib.import_module(name)
+            if getattr(mod, "__file__", None):
+                locs.append(mod.__file__)
+            elif getattr(mod, "__path__", None):
+                locs.extend(list(mod.__path__))
+        out["modules"][name] = {"ok": True, "locations": [os.path.realpath(p) for p in locs]}
+    except BaseException as exc:
+        out["modules"][name] = {"ok": False, "error": "".join(
+            traceback.format_exception_only(type(exc), exc)).strip()}
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
+"""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class GuardReport:
+    ok: bool
+    venv: str
+    python: str
+    cwd: str
+    checks: list[Check] = field(default_factory=list)
+    modules: dict[str, list[str]] = field(default_factory=dict)
+    fingerprint: str | None = None
+    cached: bool = False
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self) -> str:
+        lines = [f"venv    {self.venv}", f"python  {self.python}", f"cwd     {self.cwd}"]
+        for c in self.checks:
+            lines.append(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}")
+            if not c.ok and c.fix:
+                lines.append(f"       fix: {c.fix}")
+        lines.append("PASS" + (" (cached)" if self.cached else "") if self.ok else "FAIL")
+        return "\n".join(lines)
+
+
+def fingerprint(
+    *,
+    venv: Path,
+    python: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    modules: Sequence[str],
+    requirements_hash: str | None,
+) -> str:
+    """What a passing result depends on: the venv's identity, the job's env, cwd and modules."""
+    root = Path(os.path.abspath(venv))
+    parts: dict[str, Any] = {
+        "v": GUARD_VERSION,
+        "venv": str(root),
+        "python": str(python),
+        "pyvenv_cfg": _read(root / "pyvenv.cfg"),
+        "marker": _read(root / COMPLETE_MARKER),
+        "requirements_hash": requirements_hash,
+        "env": sorted((k, v) for k, v in env.items() if k not in _VOLATILE),
+        "cwd": os.path.abspath(cwd),
+        "modules": list(modules),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def run_guard(
+    venv: Path,
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    modules: Sequence[str] = (),
+    entry: str | None = None,
+    worktree: Path | None = None,
+    python: Path | None = None,
+    requirements_hash: str | None = None,
+    cache_dir: Path | None = None,
+    timeout_s: float = 120.0,
+) -> GuardReport:
+    """Check that `python` (default: the venv's non-resolved interpreter) is the venv.
+
+    `env` and `cwd` must be exactly what the job gets (build them with
+    `environment.build_child_env`). `entry` (the module run with `-m`) is located without
+    running its top level; `modules` (its declared imports) are imported. Each must come
+    from inside the venv, the base install's stdlib (or its site-packages when the venv
+    includes system site packages), or the worktree. With `cache_dir`, a pass is
+    stored by fingerprint and a second call with the same inputs runs no interpreter.
+    """
+    venv_abs = Path(os.path.abspath(venv))
+    report = GuardReport(False, str(venv_abs), str(python or ""), os.path.abspath(cwd))
+    try:
+        default_python = interpreter_path(venv_abs)
+    except VenvError as exc:
+        report.checks.append(
+            Check(
+                "venv", False, str(exc), "build the venv with the launcher, or point at a venv dir"
+            )
+        )
+        return report
+    python = python if python is not None else default_python
+    report.python = str(python)
+    fp = fingerprint(
+        venv=venv_abs,
+        python=python,
+        env=env,
+        cwd=cwd,
+        modules=[f"entry:{entry}", *modules] if entry else modules,
+        requirements_hash=requirements_hash,
+    )
+    report.fingerprint = fp
+    if cache_dir is not None:
+        cached = _load_cached(cache_dir, fp)
+        if cached is not None:
+            return cached
+    wanted = {"find": [entry] if entry else [], "import": [m for m in modules if m != entry]}
+    _probe(report, venv_abs, python, env, cwd, wanted, worktree, timeout_s)
+    report.ok = bool(report.checks) and all(c.ok for c in report.checks)
+    if report.ok and cache_dir is not None:
+        _store(cache_dir, fp, report)
+    return report
+
+
+def _probe(
+    report: GuardReport,
+    venv: Path,
+    python: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    wanted: dict[str, list[str]],
+    worktree: Path | None,
+    timeout_s: float,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="ap-guard-") as tmp:
+        out_file = os.path.join(tmp, "probe.json")
+        try:
+            proc = subprocess.run(  # noqa: S603 - fixed argv, no shell
+                [str(python), "-c", _PROBE, out_file, json.dumps(wanted)],
+                env=dict(env),
+                cwd=cwd,
+                capture_output=True,
+                timeout=timeout_s,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            report.checks.append(
+                Check(
+                    "interpreter",
+                    False,
+                    f"{python} did not finish in {timeout_s:.0f} s",
+                    "a module hangs on import; run it by hand to see where",
+                )
+            )
+            return
+        except OSError as exc:
+            report.checks.append(
+                Check(
+                    "interpreter",
+                    False,
+                    f"{python} cannot run: {exc}",
+                    "the venv is broken: delete it and build it again",
+                )
+            )
+            return
+        try:
+            with open(out_file) as f:
+                found: dict[str, Any] = json.load(f)
+        except (OSError, ValueError):
+            err = proc.stderr.decode(errors="replace").strip()[-2000:]
+            report.checks.append(
+                Check(
+                    "interpreter",
+                    False,
+                    f"{python} exited {proc.returncode} without reporting: {err or 'no output'}",
+                    "the venv's interpreter is broken: delete the venv and build it again",
+                )
+            )
+            return
+    report.checks.append(Check("interpreter", True, f"{found['executable']} runs"))
+    _check_prefix(report, venv, found)
+    _check_modules(report, venv, found, wanted["find"] + wanted["import"], worktree)
+
+
+def _check_prefix(report: GuardReport, venv: Path, found: Mapping[str, Any]) -> None:
+    venv_real = os.path.realpath(venv)
+    if found["prefix"] == found["base_prefix"]:
+        report.checks.append(
+            Check(
+                "sys.prefix",
+                False,
+                f"sys.prefix is the base install {found['prefix']}: this is not the venv's Python",
+                f"launch {venv}/bin/python by its absolute, non-resolved path "
+                "(never realpath or Path.resolve() it)",
+            )
+        )
+    elif found["prefix_real"] != venv_real:
+        report.checks.append(
+            Check(
+                "sys.prefix",
+                False,
+                f"sys.prefix is {found['prefix']}, another venv than {venv}",
+                f"launch {venv}/bin/python; check pyvenv.cfg in {venv}",
+            )
+        )
+    else:
+        report.checks.append(Check("sys.prefix", True, f"{found['prefix']} is the venv"))
+
+
+def _check_modules(
+    report: GuardReport,
+    venv: Path,
+    found: Mapping[str, Any],
+    modules: Sequence[str],
+    worktree: Path | None,
+) -> None:
+    allowed = [os.path.realpath(venv), found["prefix_real"]]
+    allowed += [os.path.realpath(p) for p in found["stdlib"]]
+    allowed += [os.path.realpath(p) for p in found["base_site"]]  # only there when included
+    if worktree is not None:
+        allowed.append(os.path.realpath(worktree))
+    user_site = found.get("user_site")
+    for name in modules:
+        res = found["modules"].get(name, {"ok": False, "error": "not probed"})
+        if not res["ok"]:
+            report.checks.append(
+                Check(
+                    f"import {name}",
+                    False,
+                    res["error"],
+                    "install it into the venv (requirements in autopilot.toml) or check the "
+                    "entry module's name and the worktree",
+                )
+            )
+            continue
+        locs: list[str] = res["locations"]
+        report.modules[name] = locs
+        stray = [p for p in locs if not any(_under(p, root) for root in allowed)]
+        if user_site:
+            stray += [p for p in locs if _under(p, os.path.realpath(user_site)) and p not in stray]
+        if stray:
+            report.checks.append(
+                Check(
+                    f"import {name}",
+                    False,
+                    f"imported from {', '.join(stray)}, outside the venv and the worktree",
+                    "remove the stray copy (a file in cwd or the user site shadows the real one) "
+                    "and keep PYTHONSAFEPATH=1",
+                )
+            )
+        else:
+            where = ", ".join(locs) if locs else "built in"
+            report.checks.append(Check(f"import {name}", True, where))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _load_cached(cache_dir: Path, fp: str) -> GuardReport | None:
+    try:
+        data = json.loads((cache_dir / f"{fp}.json").read_text())
+        checks = [Check(**c) for c in data.pop("checks")]
+        report = GuardReport(**data, checks=checks)
+    except (OSError, ValueError, TypeError):
+        return None
+    if not report.ok or report.fingerprint != fp:
+        return None
+    report.cached = True
+    return report
+
+
+def _store(cache_dir: Path, fp: str, report: GuardReport) -> None:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f".{fp}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(report.to_json()))
+    os.replace(tmp, cache_dir / f"{fp}.json")

@@ -1,0 +1,431 @@
+"""The process runner: one experiment process group, its event socket, its limits, its outcome.
+
+The job runs as `<venv>/bin/python -m <entry>` in its own session and process group with a
+scrubbed environment (`environment.py`). It dies with the worker (PR_SET_PDEATHSIG), is
+stopped as a whole group on timeout (SIGTERM, a grace period, SIGKILL), and whatever it
+leaves in its group when it exits is killed, so no grandchild outlives the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.launcher.environment import build_child_env
+from workers.launcher.runtime import RuntimeDir, RuntimeDirError
+from workers.launcher.venv import interpreter_path
+
+_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PR_SET_PDEATHSIG = 1
+_READ = 65536
+
+#: Receives each event as it arrives (the queue turns them into heartbeats and progress).
+#: An exception raised here stops the job: its group is killed and the exception propagates.
+EventCallback = Callable[[dict[str, Any]], None]
+#: Receives (pid, pgid) right after the spawn, before any output is read (for the lease).
+SpawnCallback = Callable[[int, int], None]
+
+
+class LaunchError(RuntimeError):
+    """The job could not be started; nothing was left running."""
+
+
+@dataclass(frozen=True)
+class Job:
+    venv: Path
+    entry: str  # the module run with `-m`
+    cwd: Path
+    runtime: RuntimeDir
+    spec: Mapping[str, Any]
+    cuda_visible_devices: str | None = None
+    pythonpath: Sequence[Path] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    base_env: Mapping[str, str] = field(default_factory=dict)  # the worker's env to filter
+    requirements_hash: str | None = None
+
+    @property
+    def python(self) -> Path:
+        return interpreter_path(self.venv)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.runtime.path / "spec.json"
+
+    @property
+    def result_path(self) -> Path:
+        return self.runtime.path / "result.json"
+
+    def env(self) -> dict[str, str]:
+        """Exactly the environment the job (and its preflight guard) runs with."""
+        return build_child_env(
+            base_env=self.base_env,
+            venv=self.venv,
+            runtime_dir=self.runtime.path,
+            events_path=self.runtime.events_path,
+            result_path=self.result_path,
+            spec_path=self.spec_path,
+            cuda_visible_devices=self.cuda_visible_devices,
+            pythonpath=self.pythonpath,
+            requirements_hash=self.requirements_hash,
+            extra=self.extra_env,
+        )
+
+
+@dataclass
+class Limits:
+    timeout_s: float = 3600.0
+    grace_s: float = 10.0
+    max_output_bytes: int = 1 << 20  # kept per stream (the tail); the rest is counted
+    max_events: int = 10_000  # kept in the outcome; later ones still reach the callback
+    max_event_bytes: int = 64 << 10  # one JSON line
+    max_result_bytes: int = 16 << 20
+    drain_s: float = 2.0  # after exit, how long to wait for pipes held by escaped processes
+
+
+@dataclass
+class Outcome:
+    pid: int
+    pgid: int
+    returncode: int | None
+    signal: str | None
+    timed_out: bool
+    duration_s: float
+    result: Any = None
+    result_error: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    events_dropped: int = 0
+    events_malformed: int = 0
+    stdout: str = ""
+    stderr: str = ""
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and self.result_error is None
+
+
+class _Tail:
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buf = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        self.buf += data
+        if len(self.buf) > self.cap:
+            del self.buf[: len(self.buf) - self.cap]
+
+    def text(self) -> str:
+        return self.buf.decode(errors="replace")
+
+
+class _Events:
+    def __init__(self, limits: Limits, on_event: EventCallback | None) -> None:
+        self.limits = limits
+        self.on_event = on_event
+        self.kept: list[dict[str, Any]] = []
+        self.dropped = 0
+        self.malformed = 0
+
+    def feed(self, buf: bytearray, data: bytes, overflow: list[bool]) -> None:
+        buf += data
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > self.limits.max_event_bytes:
+                    # a line too long to keep: drop what we have and the rest of that line
+                    buf.clear()
+                    overflow[0] = True
+                return
+            line = bytes(buf[:nl])
+            del buf[: nl + 1]
+            if overflow[0] or len(line) > self.limits.max_event_bytes:
+                overflow[0] = False
+                self.malformed += 1
+                continue
+            self.line(line)
+
+    def line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self.malformed += 1
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            self.malformed += 1
+            return
+        if len(self.kept) < self.limits.max_events:
+            self.kept.append(event)
+        else:
+            self.dropped += 1
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    def setup() -> None:
+        # The job dies with the worker process; a worker that died before this call is
+        # caught by the ppid check (the child was already reparented).
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(125)
+
+    return setup
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _listen(path: Path) -> socket.socket:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        sock.listen(16)
+    except OSError as exc:
+        sock.close()
+        raise RuntimeDirError(
+            f"cannot listen on the event socket {path} ({len(os.fsencode(str(path)))} bytes): "
+            f"{exc}; the runtime dir must come from allocate_runtime"
+        ) from exc
+    sock.setblocking(False)
+    return sock
+
+
+def run_job(
+    job: Job,
+    *,
+    limits: Limits | None = None,
+    on_event: EventCallback | None = None,
+    on_spawn: SpawnCallback | None = None,
+) -> Outcome:
+    """Run the experiment to completion (or its time limit) and return what happened.
+
+    Must be called from the thread that lives as long as the job: PR_SET_PDEATHSIG fires
+    when the spawning *thread* exits.
+    """
+    lim = limits or Limits()
+    if not _ENTRY.match(job.entry):
+        raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
+    python = job.python
+    env = job.env()
+    job.spec_path.write_text(json.dumps(dict(job.spec)))
+    with contextlib.suppress(FileNotFoundError):
+        job.result_path.unlink()
+    listener = _listen(job.runtime.events_path)
+    try:
+        return _supervise(job, python, env, listener, lim, on_event, on_spawn)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(job.runtime.events_path)
+
+
+def _supervise(
+    job: Job,
+    python: Path,
+    env: dict[str, str],
+    listener: socket.socket,
+    lim: Limits,
+    on_event: EventCallback | None,
+    on_spawn: SpawnCallback | None,
+) -> Outcome:
+    started = time.monotonic()
+    argv = [str(python), "-m", job.entry]
+    # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
+    # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
+    # measured no better (an extra exec), so the job's death with the worker is kept this way.
+    setup = _child_setup(os.getpid())
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
+            argv,
+            cwd=job.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=setup,
+        )
+    except OSError as exc:
+        raise LaunchError(f"cannot start {python} -m {job.entry}: {exc}") from exc
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    sel = selectors.DefaultSelector()
+    outs = {"stdout": _Tail(lim.max_output_bytes), "stderr": _Tail(lim.max_output_bytes)}
+    events = _Events(lim, on_event)
+    pidfd: int | None = None
+    timed_out = False
+    returncode: int | None = None
+    try:
+        if on_spawn is not None:
+            on_spawn(proc.pid, pgid)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ, ("pipe", name))
+        sel.register(listener, selectors.EVENT_READ, ("listen", None))
+        if hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                pidfd = os.pidfd_open(proc.pid)
+                sel.register(pidfd, selectors.EVENT_READ, ("exit", None))
+        deadline = started + lim.timeout_s
+        kill_at: float | None = None
+        drain_until: float | None = None
+        open_streams = 2
+        while True:
+            now = time.monotonic()
+            if returncode is None:
+                returncode = proc.poll()
+                if returncode is not None:
+                    # the leader is gone: nothing else of the job may stay behind
+                    _killpg(pgid, signal.SIGKILL)
+                    drain_until = now + lim.drain_s
+                    if pidfd is not None:
+                        sel.unregister(pidfd)
+                        os.close(pidfd)
+                        pidfd = None
+            if returncode is not None:
+                conns = [k for k in sel.get_map().values() if k.data[0] == "conn"]
+                if (open_streams == 0 and not conns) or (
+                    drain_until is not None and now >= drain_until
+                ):
+                    break
+            elif kill_at is not None and now >= kill_at:
+                _killpg(pgid, signal.SIGKILL)
+                kill_at = now + 3600  # sent; now wait for the exit
+            elif kill_at is None and now >= deadline:
+                timed_out = True
+                _killpg(pgid, signal.SIGTERM)
+                kill_at = now + lim.grace_s
+            wake = [deadline if kill_at is None else kill_at]
+            if drain_until is not None:
+                wake.append(drain_until)
+            if pidfd is None and returncode is None:
+                wake.append(now + 0.02)  # no pidfd: poll for the exit
+            timeout = max(0.0, min(wake) - now) if returncode is None or drain_until else 0.0
+            for key, _mask in sel.select(timeout):
+                kind, data = key.data
+                if kind == "exit":
+                    continue  # handled by poll() at the top of the loop
+                if kind == "listen":
+                    with contextlib.suppress(BlockingIOError):
+                        conn, _ = listener.accept()
+                        conn.setblocking(False)
+                        sel.register(conn, selectors.EVENT_READ, ("conn", (bytearray(), [False])))
+                    continue
+                if kind == "pipe":
+                    try:
+                        chunk = os.read(key.fd, _READ)
+                    except BlockingIOError:
+                        continue
+                    if chunk:
+                        outs[data].add(chunk)
+                    else:
+                        sel.unregister(key.fileobj)
+                        open_streams -= 1
+                    continue
+                peer = key.fileobj
+                assert isinstance(peer, socket.socket)
+                try:
+                    chunk = peer.recv(_READ)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    events.feed(data[0], chunk, data[1])
+                else:
+                    if data[0]:
+                        events.line(bytes(data[0]))  # a last line without its newline
+                    sel.unregister(peer)
+                    peer.close()
+    except BaseException:
+        _killpg(pgid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        for key in list(sel.get_map().values()):
+            if key.data[0] == "conn":
+                key.fileobj.close()  # type: ignore[union-attr]
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+    duration = time.monotonic() - started
+    result, result_error = _read_result(job.result_path, returncode, lim.max_result_bytes)
+    if timed_out:
+        result_error = f"timed out after {lim.timeout_s:g} s" + (
+            f"; {result_error}" if result_error else ""
+        )
+    return Outcome(
+        pid=proc.pid,
+        pgid=pgid,
+        returncode=returncode,
+        signal=signal.Signals(-returncode).name
+        if returncode is not None and returncode < 0
+        else None,
+        timed_out=timed_out,
+        duration_s=duration,
+        result=result,
+        result_error=result_error,
+        events=events.kept,
+        events_dropped=events.dropped,
+        events_malformed=events.malformed,
+        stdout=outs["stdout"].text(),
+        stderr=outs["stderr"].text(),
+        stdout_bytes=outs["stdout"].total,
+        stderr_bytes=outs["stderr"].total,
+    )
+
+
+def _read_result(path: Path, returncode: int | None, cap: int) -> tuple[Any, str | None]:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None, (
+            f"the experiment wrote no result to {path} (exit {returncode}); "
+            "it must write JSON to $AUTOPILOT_RESULT"
+        )
+    if size > cap:
+        return None, f"result {path} is {size} bytes, over the {cap}-byte limit"
+    try:
+        return json.loads(path.read_bytes()), None
+    except ValueError as exc:
+        return None, f"result {path} is not valid JSON: {exc}"

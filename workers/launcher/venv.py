@@ -1,0 +1,231 @@
+"""Project virtualenvs: built once per (project, requirements hash, Python), reused after.
+
+Venvs are not relocatable, so each one is built in its final place under `<state>/venvs/`,
+behind a file lock, and only counts as built once its completion marker exists.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+COMPLETE_MARKER = ".autopilot-complete"
+REQUIREMENTS_FILE = "autopilot-requirements.txt"
+BUILD_LOG = "autopilot-build.log"
+_PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+#: Called with (phase, line) while a venv builds: phases are "lock", "create", "install",
+#: "done"; `line` is one line of the tool's output or a short status.
+Progress = Callable[[str, str], None]
+
+
+class VenvError(Exception):
+    """A venv is missing, not a venv, or could not be built; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Venv:
+    path: Path
+    python: Path
+    requirements_hash: str
+    python_version: str
+    built: bool  # True when this call built it, False when an existing one was reused
+    log_path: Path
+
+
+def requirements_hash(requirements: Sequence[str]) -> str:
+    """Hash of the requirement lines, ignoring blank lines, comments and order."""
+    lines = sorted(
+        {line.strip() for line in requirements if line.strip() and not line.strip().startswith("#")}
+    )
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def interpreter_path(venv: str | os.PathLike[str]) -> Path:
+    """The absolute, never resolved `<venv>/bin/python` (DESIGN.md, Lesson 1).
+
+    Resolving it (realpath, Path.resolve) yields the base interpreter, which finds no
+    `pyvenv.cfg` and silently runs without the venv's packages.
+    """
+    root = os.path.abspath(os.fspath(venv))
+    if not os.path.isdir(root):
+        raise VenvError(f"venv {root} does not exist; build it with the launcher first")
+    if not os.path.isfile(os.path.join(root, "pyvenv.cfg")):
+        raise VenvError(
+            f"{root} is not a venv (no pyvenv.cfg); create it with `python -m venv {root}`"
+        )
+    python = os.path.join(root, "bin", "python")
+    if not os.path.exists(python):
+        raise VenvError(f"venv {root} has no bin/python; rebuild it (delete it and launch again)")
+    return Path(python)
+
+
+def venv_dir(state_dir: Path, project: str, req_hash: str, python_version: str) -> Path:
+    if not _PROJECT_NAME.match(project):
+        raise VenvError(
+            f"project name {project!r} cannot name a venv: use letters, digits, '.', '_', '-'"
+        )
+    name = f"{project}-{req_hash[:12]}-py{python_version}"
+    return Path(os.path.abspath(state_dir)) / "venvs" / name
+
+
+def _python_version(base_python: str) -> str:
+    if os.path.abspath(base_python) == os.path.abspath(sys.executable):
+        return f"{sys.version_info.major}.{sys.version_info.minor}"
+    out = subprocess.run(  # noqa: S603 - the configured base interpreter, fixed argv
+        [base_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise VenvError(f"base interpreter {base_python} does not run: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def ensure_venv(
+    state_dir: Path,
+    project: str,
+    requirements: Sequence[str],
+    *,
+    system_site_packages: bool = False,
+    base_python: str = sys.executable,
+    progress: Progress | None = None,
+    install_timeout_s: float = 3600.0,
+) -> Venv:
+    """Return the project's venv for these requirements, building it first if needed.
+
+    Two workers asking for the same venv serialise on a lock file; the second one finds
+    the completion marker and reuses the venv. A directory without the marker is a build
+    that died half-way: it is removed and built again.
+    """
+    report = progress or (lambda _phase, _line: None)
+    req_hash = requirements_hash(requirements)
+    version = _python_version(base_python)
+    target = venv_dir(state_dir, project, req_hash, version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log_path = target.parent / f"{target.name}.log"
+    lock_path = target.parent / f"{target.name}.lock"
+    with open(lock_path, "a+b") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            report("lock", f"waiting for another build of {target.name}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / COMPLETE_MARKER).is_file():
+            report("done", f"reusing {target}")
+            return Venv(target, interpreter_path(target), req_hash, version, False, log_path)
+        if target.exists():
+            report("create", f"removing half-built {target}")
+            shutil.rmtree(target)
+        _build(
+            target,
+            requirements,
+            system_site_packages,
+            base_python,
+            log_path,
+            report,
+            install_timeout_s,
+        )
+        marker = {
+            "requirements_hash": req_hash,
+            "python": version,
+            "system_site_packages": system_site_packages,
+            "built_at": time.time(),
+        }
+        tmp = target / f"{COMPLETE_MARKER}.tmp"
+        tmp.write_text(json.dumps(marker))
+        os.replace(tmp, target / COMPLETE_MARKER)  # written last: only now is the venv usable
+        report("done", f"built {target}")
+        return Venv(target, interpreter_path(target), req_hash, version, True, log_path)
+
+
+def _build(
+    target: Path,
+    requirements: Sequence[str],
+    system_site_packages: bool,
+    base_python: str,
+    log_path: Path,
+    report: Progress,
+    install_timeout_s: float,
+) -> None:
+    wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
+    create = [base_python, "-m", "venv"]
+    if system_site_packages:
+        create.append("--system-site-packages")
+    if not wanted:
+        create.append("--without-pip")  # nothing to install: skip the slow ensurepip step
+    create.append(str(target))
+    with open(log_path, "w", encoding="utf-8") as log:
+        _run_logged(create, log, report, "create", 600.0)
+        if not wanted:
+            return
+        req_file = target / REQUIREMENTS_FILE
+        req_file.write_text("\n".join(wanted) + "\n")
+        install = [
+            str(target / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-r",
+            str(req_file),
+        ]
+        _run_logged(install, log, report, "install", install_timeout_s)
+
+
+def _run_logged(
+    argv: list[str], log: TextIO, report: Progress, phase: str, timeout_s: float
+) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    report(phase, " ".join(argv))
+    proc = subprocess.Popen(  # noqa: S603 - argv built here, never a shell
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+    )
+    tail: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            report(phase, line.rstrip("\n"))
+            tail.append(line.rstrip("\n"))
+            del tail[:-10]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise VenvError(
+            f"venv {phase} step ran past {timeout_s:.0f} s and was killed: {' '.join(argv)}; "
+            f"see {log.name}"
+        ) from None
+    reader.join(timeout=10)
+    if code != 0:
+        raise VenvError(
+            f"venv {phase} step failed (exit {code}): {' '.join(argv)}\n"
+            + "\n".join(tail)
+            + f"\nfull log: {log.name}"
+        )

@@ -1,0 +1,43 @@
+"""Thin task wrappers: each takes ids, opens its own sessions, and calls one service function."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from app import broker
+from app.db import Stores
+from app.settings import get_settings
+from workers import gpu
+from workers.celery_app import celery
+
+log = logging.getLogger(__name__)
+
+# Set by `autopilot worker gpu` before the worker starts (solo pool: same process).
+IDENTITY: gpu.WorkerIdentity | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def stores() -> Stores:
+    return Stores.from_settings(get_settings())
+
+
+@celery.task(name=broker.PREPARE_JOB)
+def prepare_job(job_id: int) -> bool:
+    return gpu.prepare_job(stores(), get_settings(), job_id)
+
+
+@celery.task(name=broker.RUN_JOBS)
+def run_jobs(queue: str, job_id: int | None = None) -> int:
+    """A doorbell for `queue`: run whatever is prepared there, oldest submission first."""
+    me = IDENTITY
+    if me is None or me.queue != queue:
+        log.error("doorbell for %s reached a worker that is not a %s GPU worker", queue, queue)
+        return 0
+    return gpu.RunLoop(stores(), get_settings(), me).run_available()
+
+
+@celery.task(name=broker.REAP)
+def reap() -> dict[str, list[int] | list[str]]:
+    reaped = gpu.reap(stores(), get_settings())
+    return {"requeued": reaped.requeued, "failed": reaped.failed}

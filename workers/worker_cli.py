@@ -1,0 +1,100 @@
+"""`autopilot worker gpu|control` and `autopilot beat`: start Celery with our queues."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Annotated
+
+import typer
+
+worker_app = typer.Typer(
+    help="Start workers: one per GPU, and the control worker.", no_args_is_help=True
+)
+_DEVICE = re.compile(r"^[0-9]+(,[0-9]+)*$|^$")
+
+
+@worker_app.command("gpu")
+def worker_gpu(
+    kind: Annotated[str, typer.Option(help="GPU kind: its queue is gpu.<kind>")] = "cpu",
+    device: Annotated[str, typer.Option(help="GPU index for CUDA_VISIBLE_DEVICES")] = "0",
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Consume gpu.<kind> with concurrency 1, pinned to one device."""
+    from app.cli import load_settings
+
+    settings = load_settings()
+    if kind not in settings.gpu_kinds:
+        typer.echo(f"error: unknown GPU kind {kind!r}; configured: {settings.gpu_kinds}", err=True)
+        raise typer.Exit(2)
+    if not _DEVICE.match(device):
+        typer.echo(f"error: --device {device!r} must be a GPU index like 0 or 0,1", err=True)
+        raise typer.Exit(2)
+    os.environ["CUDA_VISIBLE_DEVICES"] = "" if kind == "cpu" else device
+
+    from app.db import Stores
+    from app.ops import jobs
+    from workers import gpu, tasks
+    from workers.celery_app import celery
+
+    me = gpu.WorkerIdentity.for_device(kind, "" if kind == "cpu" else device)
+    me.name = f"gpu-{kind}-{device}-{os.getpid()}@{socket.gethostname()}"
+    tasks.IDENTITY = me
+    with Stores.from_settings(settings).ops_session() as session:
+        jobs.register_worker(session, me.name, kind, device)
+    # Solo pool: one job at a time in this process; nothing to isolate on a single GPU, and no
+    # fork or IPC on the path between one job's end and the next one's start.
+    celery.worker_main(
+        [
+            "worker",
+            "-Q",
+            me.queue,
+            "-P",
+            "solo",
+            "-c",
+            "1",
+            "-n",
+            me.name,
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            loglevel,
+        ]
+    )
+
+
+@worker_app.command("control")
+def worker_control(
+    beat: Annotated[bool, typer.Option("--beat", help="Also run the beat schedule")] = False,
+    concurrency: Annotated[int, typer.Option(min=1, max=64)] = 4,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Consume the control and prepare queues (cycle steps, preparation, the reaper)."""
+    from workers.celery_app import celery
+
+    argv = [
+        "worker",
+        "-Q",
+        "control,prepare",
+        "-P",
+        "threads",
+        "-c",
+        str(concurrency),
+        "-n",
+        f"control-{os.getpid()}@{socket.gethostname()}",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel",
+        loglevel,
+    ]
+    if beat:
+        argv.append("--beat")
+    celery.worker_main(argv)
+
+
+def beat_command(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
+    """Run the beat schedule (the reaper, project schedules). Run exactly one per deployment."""
+    from workers.celery_app import celery
+
+    celery.start(["beat", "--loglevel", loglevel])
