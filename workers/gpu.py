@@ -9,6 +9,7 @@ next prepared job without waiting for another doorbell; cleanup is batched after
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -67,6 +68,15 @@ def venvs_root(settings: Settings) -> Path:
 
 def prepare_job(stores: Stores, settings: Settings, job_id: int) -> bool:
     """Make the job ready for a GPU; True when it was prepared now (then its doorbell rings)."""
+    folder = job_dir(settings, job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Duplicate doorbells may arrive at once: one preparer per job, the others find it done.
+    with open(folder / "prepare.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare_locked(stores, settings, job_id)
+
+
+def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
     with stores.ops_session() as session:
         job = session.get(Job, job_id)
         if job is None or job.state != "queued" or job.prepared_at is not None:

@@ -1,0 +1,71 @@
+"""The forge interface: where a cycle's branch becomes a pull request a person can review."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+PullRequestState = Literal["open", "closed", "merged"]
+
+
+@dataclass(frozen=True)
+class ProjectRef:
+    """The few project fields a forge needs, detached from any DB session."""
+
+    name: str
+    repo_url: str
+    default_branch: str = "main"
+
+    @classmethod
+    def of(cls, project: ProjectLike) -> ProjectRef:
+        return cls(project.name, project.repo_url, project.default_branch)
+
+
+class ProjectLike(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def repo_url(self) -> str: ...
+    @property
+    def default_branch(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    project: str
+    number: int
+    url: str
+    head: str
+    base: str
+    title: str
+    body: str
+    state: PullRequestState
+    head_sha: str | None = None
+    merge_sha: str | None = None
+
+
+class Forge(Protocol):
+    """A pull-request host. `open_pull_request` is idempotent: one open PR per head branch."""
+
+    def remote_url(self, project: ProjectRef) -> str:
+        """The URL cycles fetch from and push their branches to."""
+        ...
+
+    def open_pull_request(
+        self, project: ProjectRef, head: str, base: str, title: str, body: str
+    ) -> PullRequest: ...
+
+    def get_pull_request(self, project: ProjectRef, number: int) -> PullRequest: ...
+
+    def comment(self, project: ProjectRef, number: int, body: str) -> None: ...
+
+    def merge(
+        self,
+        project: ProjectRef,
+        number: int,
+        *,
+        message: str | None = None,
+        expected_head_sha: str | None = None,
+    ) -> PullRequest: ...
+
+    def close(self, project: ProjectRef, number: int) -> PullRequest: ...

@@ -1,0 +1,426 @@
+"""Git work for a cycle: a mirror per project, a worktree and branch per cycle, commits, pushes.
+
+Every git call goes through `GitRunner`: argv lists only (never a shell), user-supplied names
+validated before they reach git and placed after `--end-of-options`, only the transports in
+`ALLOWED_PROTOCOLS`, and credentials stripped from every error. A remote URL is passed per call
+and never written into a repository's config, so no token rests on disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from git import Git, GitCommandError
+from pydantic import SecretStr
+
+from app.forge import protected
+from app.forge.exceptions import (
+    BaseBranchMissing,
+    GitFailed,
+    InvalidRef,
+    PushFailed,
+    PushRejected,
+    TransportNotAllowed,
+)
+from app.ops import schemas as ops_schemas
+from app.settings import Settings, redact_text
+
+log = logging.getLogger(__name__)
+
+# `ext::` and `fd::` run commands; git refuses any transport not listed here (GIT_ALLOW_PROTOCOL).
+ALLOWED_PROTOCOLS = ("file", "git", "http", "https", "ssh")
+REMOTE_PREFIX = "refs/remotes/origin/"
+BRANCH_PREFIX = "autopilot"
+_SHORT_ID = re.compile(r"^[A-Za-z0-9]{1,40}$")
+_SLUG_CHARS = re.compile(r"[^a-z0-9]+")
+# What a push error says when the remote refused it on purpose: retrying cannot help.
+_REJECTED = (
+    "[remote rejected]",
+    "[rejected]",
+    "pre-receive hook declined",
+    "non-fast-forward",
+    "protected branch",
+    "permission denied",
+    "denied to",
+    "authentication failed",
+    "could not read username",
+    "repository not found",
+    "does not appear to be a git repository",
+)
+
+
+def check_url(url: str) -> str:
+    """A repository URL git may use: an absolute path or an allowed transport, never `ext::`."""
+    try:
+        return ops_schemas.check_repo_url(url)
+    except ValueError as exc:
+        raise TransportNotAllowed(
+            f"{exc}; got {redact_text(url)[:200]!r}", url=redact_text(url)[:200]
+        ) from None
+
+
+def check_branch_name(name: str) -> str:
+    """A branch name git accepts as-is and cannot read as an option or a range."""
+    if not name or name.startswith("-") or ".." in name or "@{" in name:
+        raise InvalidRef(f"branch name {name!r} is not allowed (empty, leading '-', '..' or '@{{')")
+    if any(ord(c) < 32 or c in " ~^:?*[\\\x7f" for c in name):
+        raise InvalidRef(f"branch name {name!r} contains a character git refs cannot hold")
+    try:
+        # A full ref never starts with '-', so git cannot mistake it for an option.
+        Git().execute(["git", "check-ref-format", f"refs/heads/{name}"])
+    except GitCommandError:
+        raise InvalidRef(
+            f"branch name {name!r} is not a valid git ref (git check-ref-format)"
+        ) from None
+    return name
+
+
+def slugify(text: str, limit: int = 40) -> str:
+    """A branch-safe slug of free text (a hypothesis title): lower case, digits and '-'."""
+    slug = _SLUG_CHARS.sub("-", text.lower()).strip("-")[:limit].strip("-")
+    return slug or "change"
+
+
+def short_id(cycle_id: str | int) -> str:
+    value = str(cycle_id).replace("-", "")
+    if str(cycle_id).startswith("-") or not _SHORT_ID.fullmatch(value):
+        raise InvalidRef(f"cycle id {cycle_id!r} must be letters and digits")
+    return value[:8].lower()
+
+
+def branch_name(project: str, cycle_id: str | int, slug: str) -> str:
+    """`autopilot/<project>/<cycle-short-id>-<slug>`, validated."""
+    try:
+        ops_schemas.check_slug(project, "project")
+    except ValueError as exc:
+        raise InvalidRef(str(exc)) from None
+    return check_branch_name(f"{BRANCH_PREFIX}/{project}/{short_id(cycle_id)}-{slugify(slug)}")
+
+
+class GitRunner:
+    """Runs git with a fixed, safe environment and turns failures into redacted `GitFailed`."""
+
+    def __init__(
+        self, *, token: SecretStr | None = None, timeout_s: float = 600.0, author: tuple[str, str]
+    ) -> None:
+        self._token = token
+        self._timeout_s = timeout_s
+        self.author = author
+
+    def redact(self, text: str) -> str:
+        text = redact_text(text)
+        if self._token is not None and (secret := self._token.get_secret_value()):
+            text = text.replace(secret, "***")
+            text = text.replace(self._basic(secret), "***")
+        return text
+
+    @staticmethod
+    def _basic(secret: str) -> str:
+        return base64.b64encode(f"x-access-token:{secret}".encode()).decode()
+
+    def env(self, *, url: str | None = None, identity: bool = False) -> dict[str, str]:
+        env = {
+            "GIT_ALLOW_PROTOCOL": ":".join(ALLOWED_PROTOCOLS),
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_ASKPASS": "",
+            "SSH_ASKPASS": "",
+            "GIT_SSH_COMMAND": "ssh -o BatchMode=yes",
+        }
+        if identity:
+            name, email = self.author
+            env.update(
+                GIT_AUTHOR_NAME=name,
+                GIT_AUTHOR_EMAIL=email,
+                GIT_COMMITTER_NAME=name,
+                GIT_COMMITTER_EMAIL=email,
+            )
+        token = self._token.get_secret_value() if self._token is not None else ""
+        if token and url is not None and url.startswith("https://"):
+            # The token travels as a header in the environment: not in argv, not in a URL,
+            # not in any config file; git never prints extra headers.
+            env.update(
+                GIT_CONFIG_COUNT="1",
+                GIT_CONFIG_KEY_0="http.extraHeader",
+                GIT_CONFIG_VALUE_0=f"Authorization: Basic {self._basic(token)}",
+            )
+        return env
+
+    def run(
+        self,
+        args: Sequence[str],
+        cwd: Path,
+        *,
+        url: str | None = None,
+        identity: bool = False,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> str:
+        env = self.env(url=url, identity=identity)
+        if extra_env:
+            env.update(extra_env)
+        try:
+            out = Git(str(cwd)).execute(["git", *args], env=env, kill_after_timeout=self._timeout_s)
+        except GitCommandError as exc:
+            stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
+            message = self.redact(stderr.strip().removeprefix("stderr: ").strip("'\n "))
+            command = self.redact(str(args[0]) if args else "")
+            raise GitFailed(
+                f"git {command} failed (exit {exc.status}): {message or 'no message'}",
+                exit_status=exc.status if isinstance(exc.status, int) else None,
+            ) from None
+        return out if isinstance(out, str) else out.decode()
+
+    def ok(self, args: Sequence[str], cwd: Path) -> bool:
+        try:
+            self.run(args, cwd)
+        except GitFailed:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Worktree:
+    """A cycle's checkout: its branch, the base it started from, and the project's mirror."""
+
+    project: str
+    path: Path
+    branch: str
+    base: str
+    base_sha: str
+    mirror: Path
+
+
+@contextlib.contextmanager
+def repo_lock(path: Path) -> Iterator[None]:
+    """One git writer per repository at a time, across processes (fetches and ref updates)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class GitWork:
+    """Mirrors under `<state>/repos/`, worktrees under `<state>/worktrees/`, pushes with retries."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        token: SecretStr | None = None,
+        push_attempts: int = 4,
+        push_backoff_s: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        state = settings.state_dir.absolute()
+        self.repos_dir = state / "repos"
+        self.worktrees_dir = state / "worktrees"
+        if token is None and settings.forge == "github":
+            token = settings.github_token
+        self.git = GitRunner(
+            token=token, author=(settings.git_author_name, settings.git_author_email)
+        )
+        self._push_attempts = max(1, push_attempts)
+        self._push_backoff_s = push_backoff_s
+        self._sleep = sleep
+
+    # -- the mirror -----------------------------------------------------------------------
+
+    def mirror_path(self, project: str) -> Path:
+        try:
+            ops_schemas.check_slug(project, "project")
+        except ValueError as exc:
+            raise InvalidRef(str(exc)) from None
+        return self.repos_dir / f"{project}.git"
+
+    def fetch(self, project: str, url: str) -> Path:
+        """Create the project's mirror if needed and bring its remote branches up to date."""
+        check_url(url)
+        mirror = self.mirror_path(project)
+        with repo_lock(mirror):
+            if not (mirror / "HEAD").exists():
+                mirror.mkdir(parents=True, exist_ok=True)
+                self.git.run(["init", "--bare", "--quiet", str(mirror)], mirror.parent)
+            self.git.run(
+                [
+                    "fetch",
+                    "--quiet",
+                    "--prune",
+                    "--no-tags",
+                    "--end-of-options",
+                    url,
+                    f"+refs/heads/*:{REMOTE_PREFIX}*",
+                ],
+                mirror,
+                url=url,
+            )
+        return mirror
+
+    def remote_head(self, url: str, branch: str) -> str | None:
+        """The commit a branch points at on the remote now, or None if it does not exist."""
+        check_url(url)
+        check_branch_name(branch)
+        self.repos_dir.mkdir(parents=True, exist_ok=True)
+        out = self.git.run(
+            ["ls-remote", "--end-of-options", url, f"refs/heads/{branch}"], self.repos_dir, url=url
+        )
+        for line in out.splitlines():
+            sha, _, ref = line.partition("\t")
+            if ref == f"refs/heads/{branch}":
+                return sha
+        return None
+
+    # -- worktrees ------------------------------------------------------------------------
+
+    def prepare_worktree(
+        self, project: str, url: str, base: str, cycle_id: str | int, slug: str
+    ) -> Worktree:
+        """The cycle's worktree on its own branch from the remote's `base`; reused if present.
+
+        Called again after a crash, it returns the same worktree with the base it started from
+        (the merge base with the remote's base), so a base that moved since is not picked up.
+        """
+        check_branch_name(base)
+        branch = branch_name(project, cycle_id, slug)
+        mirror = self.fetch(project, url)
+        remote_base = f"{REMOTE_PREFIX}{base}"
+        try:
+            base_tip = self.git.run(
+                ["rev-parse", "--verify", "--quiet", f"{remote_base}^{{commit}}"], mirror
+            )
+        except GitFailed:
+            raise BaseBranchMissing(
+                f"branch {base!r} does not exist on the project's remote; "
+                "check the project's default_branch"
+            ) from None
+        path = self.worktrees_dir / project / short_id(cycle_id)
+        with repo_lock(mirror):
+            has_branch = self.git.ok(
+                ["rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], mirror
+            )
+            if has_branch and (path / ".git").exists():
+                head = self.git.run(["symbolic-ref", "--quiet", "HEAD"], path)
+                if head != f"refs/heads/{branch}":
+                    raise GitFailed(f"worktree {path} is on {head}, expected {branch}")
+            else:
+                if path.exists():
+                    shutil.rmtree(path)
+                self.git.run(["worktree", "prune"], mirror)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if has_branch:
+                    self.git.run(
+                        ["worktree", "add", "--quiet", "--end-of-options", str(path), branch],
+                        mirror,
+                    )
+                else:
+                    self.git.run(
+                        [
+                            "worktree",
+                            "add",
+                            "--quiet",
+                            "-b",
+                            branch,
+                            "--end-of-options",
+                            str(path),
+                            base_tip,
+                        ],
+                        mirror,
+                    )
+            base_sha = self.git.run(["merge-base", "HEAD", base_tip], path)
+        return Worktree(project, path, branch, base, base_sha, mirror)
+
+    def remove_worktree(self, worktree: Worktree) -> None:
+        """Drop the checkout (after the push); the branch stays in the mirror and the remote."""
+        with repo_lock(worktree.mirror):
+            if worktree.path.exists():
+                self.git.run(
+                    ["worktree", "remove", "--force", "--end-of-options", str(worktree.path)],
+                    worktree.mirror,
+                )
+            self.git.run(["worktree", "prune"], worktree.mirror)
+
+    # -- protected paths, commit, push ------------------------------------------------------
+
+    def check_protected(
+        self, worktree: Worktree, *, ref: str | None = None, allowed: Sequence[str] = ()
+    ) -> protected.Check:
+        """Raise `ProtectedPathChanged` if the index (or `ref`) differs from the base in any
+        protected path; return the hashes checked otherwise."""
+        result = protected.check(
+            lambda args: self.git.run(args, worktree.path),
+            worktree.base_sha,
+            ref=ref,
+            allowed=allowed,
+        )
+        result.raise_for_violations()
+        return result
+
+    def commit(self, worktree: Worktree, message: str, *, allowed: Sequence[str] = ()) -> str:
+        """Stage everything, refuse protected-path changes, commit as the autopilot; the sha.
+
+        `allowed` names paths the autopilot itself writes (this cycle's `results/<cycle>/`).
+        Idempotent: with nothing new to commit it returns the current head.
+        """
+        self.git.run(["add", "--all"], worktree.path)
+        self.check_protected(worktree, allowed=allowed)
+        staged = self.git.run(["diff", "--cached", "--name-only", "-z"], worktree.path)
+        if staged:
+            self.git.run(
+                ["commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", message],
+                worktree.path,
+                identity=True,
+            )
+        return self.git.run(["rev-parse", "HEAD"], worktree.path)
+
+    def push(self, worktree: Worktree, url: str, *, allowed: Sequence[str] = ()) -> str:
+        """Push the cycle's branch; retries transient failures with backoff. Returns the sha.
+
+        The pushed commit is checked against the protected paths once more, so a commit the
+        agent made itself cannot slip a changed judge past `commit`.
+        """
+        check_url(url)
+        sha = self.git.run(["rev-parse", "HEAD"], worktree.path)
+        self.check_protected(worktree, ref=sha, allowed=allowed)
+        refspec = f"refs/heads/{worktree.branch}:refs/heads/{worktree.branch}"
+        delay = self._push_backoff_s
+        for attempt in range(1, self._push_attempts + 1):
+            try:
+                self.git.run(
+                    ["push", "--end-of-options", url, refspec],
+                    worktree.mirror,
+                    url=url,
+                )
+                return sha
+            except GitFailed as exc:
+                lowered = exc.detail.lower()
+                if any(marker in lowered for marker in _REJECTED):
+                    raise PushRejected(
+                        f"the remote rejected branch {worktree.branch}: {exc.detail}",
+                        branch=worktree.branch,
+                    ) from None
+                if attempt == self._push_attempts:
+                    raise PushFailed(
+                        f"pushing {worktree.branch} failed {attempt} times; last error: "
+                        f"{exc.detail}",
+                        branch=worktree.branch,
+                    ) from None
+                log.warning(
+                    "push of %s failed (attempt %d), retrying in %.1f s: %s",
+                    worktree.branch,
+                    attempt,
+                    delay,
+                    exc.detail,
+                )
+                self._sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,298 @@
+"""The local forge: a bare repository per project as the remote, pull requests in the ops DB.
+
+It serves the embedded default and air-gapped labs; the dashboard is where its PRs are reviewed.
+Each method opens its own short unit of work and never holds a transaction across a git call:
+the forge interface is the same as GitHub's, an outside effect the cycle calls between steps.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from sqlalchemy.exc import IntegrityError
+
+from app.db import Stores
+from app.forge import repository
+from app.forge.base import ProjectRef, PullRequest, PullRequestState
+from app.forge.exceptions import (
+    GitFailed,
+    HeadMoved,
+    InvalidRef,
+    MergeConflict,
+    PullRequestNotFound,
+    PullRequestNotOpen,
+)
+from app.forge.git import GitRunner, check_branch_name, check_url, repo_lock
+from app.forge.models import PullRequestComment, PullRequestRecord
+from app.ops import schemas as ops_schemas
+from app.ops.models import utcnow
+from app.settings import Settings
+
+
+def _to_pull_request(row: PullRequestRecord, url: str) -> PullRequest:
+    state: PullRequestState = row.state  # type: ignore[assignment]
+    return PullRequest(
+        project=row.project,
+        number=row.number,
+        url=url,
+        head=row.head,
+        base=row.base,
+        title=row.title,
+        body=row.body,
+        state=state,
+        head_sha=row.head_sha,
+        merge_sha=row.merge_sha,
+    )
+
+
+class LocalForge:
+    """Bare repositories under `<state>/forge/<project>.git`; PR records in the ops DB."""
+
+    def __init__(self, settings: Settings, stores: Stores) -> None:
+        self.root = settings.state_dir.absolute() / "forge"
+        self._tmp = settings.state_dir.absolute() / "tmp"
+        self._stores = stores
+        self.git = GitRunner(author=(settings.git_author_name, settings.git_author_email))
+
+    # -- the remote -------------------------------------------------------------------------
+
+    def bare_path(self, project: ProjectRef) -> Path:
+        try:
+            ops_schemas.check_slug(project.name, "project")
+        except ValueError as exc:
+            raise InvalidRef(str(exc)) from None
+        return self.root / f"{project.name}.git"
+
+    def remote_url(self, project: ProjectRef) -> str:
+        """The bare repository, seeded once from the project's repo_url."""
+        bare = self.bare_path(project)
+        if (bare / "HEAD").exists():
+            return str(bare)
+        check_url(project.repo_url)
+        with repo_lock(bare):
+            if not (bare / "HEAD").exists():
+                self.root.mkdir(parents=True, exist_ok=True)
+                staging = Path(tempfile.mkdtemp(prefix=f".{project.name}-", dir=self.root))
+                try:
+                    self.git.run(
+                        [
+                            "clone",
+                            "--bare",
+                            "--quiet",
+                            "--end-of-options",
+                            project.repo_url,
+                            str(staging / "repo.git"),
+                        ],
+                        self.root,
+                        url=project.repo_url,
+                    )
+                    (staging / "repo.git").rename(bare)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        return str(bare)
+
+    def _sha(self, bare: Path, branch: str) -> str | None:
+        try:
+            return self.git.run(
+                ["rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}"], bare
+            )
+        except GitFailed:
+            return None
+
+    def _url(self, project: str, number: int) -> str:
+        return f"local://{project}/pulls/{number}"
+
+    # -- pull requests ------------------------------------------------------------------------
+
+    def open_pull_request(
+        self, project: ProjectRef, head: str, base: str, title: str, body: str
+    ) -> PullRequest:
+        """The open PR for `head`, created if there is none. Never a second one."""
+        check_branch_name(head)
+        check_branch_name(base)
+        bare = Path(self.remote_url(project))
+        with self._stores.ops_session() as session:
+            row = repository.find_open_by_head(session, project.name, head)
+            if row is not None:
+                return _to_pull_request(row, self._url(row.project, row.number))
+        head_sha = self._sha(bare, head)
+        base_sha = self._sha(bare, base)
+        if head_sha is None:
+            raise InvalidRef(f"branch {head!r} is not on the forge; push it before opening a PR")
+        if base_sha is None:
+            raise InvalidRef(f"base branch {base!r} is not on the forge")
+        for _ in range(3):  # a concurrent open of the same head, or a number taken meanwhile
+            try:
+                with self._stores.ops_session() as session:
+                    row = repository.find_open_by_head(session, project.name, head)
+                    if row is None:
+                        row = PullRequestRecord(
+                            project=project.name,
+                            number=repository.next_number(session, project.name),
+                            head=head,
+                            base=base,
+                            title=title[:512],
+                            body=body,
+                            state="open",
+                            head_sha=head_sha,
+                            base_sha=base_sha,
+                        )
+                        repository.add(session, row)
+                    return _to_pull_request(row, self._url(row.project, row.number))
+            except IntegrityError:
+                continue
+        raise GitFailed(f"could not record a pull request for {head!r}; try again")
+
+    def _get_row(self, project: ProjectRef, number: int) -> PullRequestRecord:
+        with self._stores.ops_session() as session:
+            row = repository.get(session, project.name, number)
+            if row is None:
+                raise PullRequestNotFound(f"project {project.name!r} has no pull request #{number}")
+            return row
+
+    def get_pull_request(self, project: ProjectRef, number: int) -> PullRequest:
+        row = self._get_row(project, number)
+        pr = _to_pull_request(row, self._url(row.project, row.number))
+        if pr.state == "open":
+            # The head branch may have received pushes since the PR was opened.
+            current = self._sha(self.bare_path(project), pr.head)
+            if current and current != pr.head_sha:
+                with self._stores.ops_session() as session:
+                    fresh = repository.get(session, project.name, number)
+                    assert fresh is not None
+                    fresh.head_sha = current
+                    fresh.updated_at = utcnow()
+                pr = _to_pull_request(fresh, pr.url)
+        return pr
+
+    def comments(self, project: ProjectRef, number: int) -> list[str]:
+        with self._stores.ops_session() as session:
+            row = repository.get(session, project.name, number)
+            if row is None:
+                raise PullRequestNotFound(f"project {project.name!r} has no pull request #{number}")
+            return [c.body for c in repository.comments(session, row.id)]
+
+    def comment(self, project: ProjectRef, number: int, body: str) -> None:
+        with self._stores.ops_session() as session:
+            row = repository.get(session, project.name, number)
+            if row is None:
+                raise PullRequestNotFound(f"project {project.name!r} has no pull request #{number}")
+            repository.add(session, PullRequestComment(pull_request_id=row.id, body=body))
+
+    def diff(self, project: ProjectRef, number: int) -> str:
+        """What the PR would bring into its base: `git diff base...head` in the bare repo."""
+        pr = self.get_pull_request(project, number)
+        bare = self.bare_path(project)
+        if pr.state == "merged" and pr.merge_sha:
+            return self.git.run(["diff", f"{pr.merge_sha}^1", pr.merge_sha, "--"], bare)
+        head = pr.head_sha or f"refs/heads/{pr.head}"
+        return self.git.run(["diff", f"refs/heads/{pr.base}...{head}", "--"], bare)
+
+    def close(self, project: ProjectRef, number: int) -> PullRequest:
+        with self._stores.ops_session() as session:
+            row = repository.get(session, project.name, number)
+            if row is None:
+                raise PullRequestNotFound(f"project {project.name!r} has no pull request #{number}")
+            if row.state == "open":
+                row.state = "closed"
+                row.closed_at = row.updated_at = utcnow()
+                session.flush()
+            return _to_pull_request(row, self._url(row.project, row.number))
+
+    def merge(
+        self,
+        project: ProjectRef,
+        number: int,
+        *,
+        message: str | None = None,
+        expected_head_sha: str | None = None,
+    ) -> PullRequest:
+        """A merge commit (`--no-ff`) of the head into the base, made in a temporary worktree
+        of the bare repo; the base ref moves only if nobody moved it meanwhile."""
+        pr = self.get_pull_request(project, number)
+        if pr.state == "merged":
+            return pr
+        if pr.state != "open":
+            raise PullRequestNotOpen(f"pull request #{number} is {pr.state}; reopen it first")
+        if expected_head_sha and pr.head_sha != expected_head_sha:
+            raise HeadMoved(
+                f"#{number}'s head is {pr.head_sha}, not the reviewed {expected_head_sha}; "
+                "review the new commits first"
+            )
+        bare = self.bare_path(project)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        with repo_lock(bare):
+            base_sha = self._sha(bare, pr.base)
+            if base_sha is None or pr.head_sha is None:
+                raise InvalidRef(f"#{number}: branch {pr.base!r} or {pr.head!r} is gone")
+            work = Path(tempfile.mkdtemp(prefix="merge-", dir=self._tmp))
+            try:
+                self.git.run(
+                    [
+                        "worktree",
+                        "add",
+                        "--quiet",
+                        "--detach",
+                        "--end-of-options",
+                        str(work / "w"),
+                        base_sha,
+                    ],
+                    bare,
+                )
+                try:
+                    self.git.run(
+                        [
+                            "merge",
+                            "--no-ff",
+                            "--no-verify",
+                            "--no-gpg-sign",
+                            "--quiet",
+                            "-m",
+                            message or f"Merge pull request #{number} from {pr.head}",
+                            "--end-of-options",
+                            pr.head_sha,
+                        ],
+                        work / "w",
+                        identity=True,
+                    )
+                except GitFailed as exc:
+                    raise MergeConflict(
+                        f"#{number} does not merge cleanly into {pr.base}: {exc.detail}; "
+                        "rebase the branch or re-run the cycle on the new base"
+                    ) from None
+                merge_sha = self.git.run(["rev-parse", "HEAD"], work / "w")
+                # Compare-and-swap: fails if the base moved since we read it.
+                self.git.run(
+                    [
+                        "update-ref",
+                        "-m",
+                        f"merge #{number}",
+                        f"refs/heads/{pr.base}",
+                        merge_sha,
+                        base_sha,
+                    ],
+                    bare,
+                )
+            finally:
+                try:
+                    self.git.run(["worktree", "remove", "--force", str(work / "w")], bare)
+                except GitFailed:
+                    self.git.ok(["worktree", "prune"], bare)
+                shutil.rmtree(work, ignore_errors=True)
+        with self._stores.ops_session() as session:
+            row = repository.get(session, project.name, number)
+            assert row is not None
+            row.state = "merged"
+            row.merge_sha = merge_sha
+            row.closed_at = row.updated_at = utcnow()
+            session.flush()
+            return _to_pull_request(row, self._url(row.project, row.number))
+
+    def list_pull_requests(self, project: ProjectRef) -> list[PullRequest]:
+        with self._stores.ops_session() as session:
+            return [
+                _to_pull_request(r, self._url(r.project, r.number))
+                for r in repository.list_for_project(session, project.name)
+            ]

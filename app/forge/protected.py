@@ -1,0 +1,130 @@
+"""Protected paths: the agent may not change the judge (the harness, the evaluation, the data).
+
+The list comes from `autopilot.toml` *at the base commit* (`[protected] paths = [...]`), so an
+agent cannot unprotect a path by editing the config in the same change. `autopilot.toml` itself
+and earlier cycles' `results/` are always protected. The check compares git's object hashes of
+every protected path in the candidate tree (the index, or a commit) with those at the base.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from app.forge.exceptions import GitFailed, ProtectedPathChanged
+
+CONFIG_NAME = "autopilot.toml"
+ALWAYS_PROTECTED = (CONFIG_NAME, "results/")
+
+RunGit = Callable[[Sequence[str]], str]
+
+
+def _normalise(pattern: str) -> str:
+    return pattern.strip().removeprefix("./").lstrip("/")
+
+
+def patterns_from_config(text: str | None) -> list[str]:
+    """The protected patterns declared in autopilot.toml text, plus the ones always protected."""
+    declared: list[str] = []
+    if text:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ProtectedPathChanged(
+                f"{CONFIG_NAME} at the base commit is not valid TOML ({exc}); fix it on the base "
+                "branch before running cycles"
+            ) from None
+        table = data.get("protected", {})
+        raw = table.get("paths", []) if isinstance(table, dict) else table
+        if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
+            raise ProtectedPathChanged(
+                f"{CONFIG_NAME}: [protected] paths must be a list of path strings or globs"
+            )
+        declared = [_normalise(p) for p in raw if _normalise(p)]
+    return [*ALWAYS_PROTECTED, *declared]
+
+
+def matches(path: str, pattern: str) -> bool:
+    """A path is protected by `dir/` or `dir` (everything below), an exact path, or a glob."""
+    bare = pattern.rstrip("/")
+    if path == bare or path.startswith(bare + "/"):
+        return True
+    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, pattern + "/*")
+
+
+def is_protected(path: str, patterns: Sequence[str], allowed: Sequence[str] = ()) -> bool:
+    if any(matches(path, a) for a in allowed):
+        return False
+    return any(matches(path, p) for p in patterns)
+
+
+@dataclass
+class Check:
+    """What was compared: each protected path's object hash at the base and in the candidate."""
+
+    patterns: list[str]
+    base_hashes: dict[str, str] = field(default_factory=dict)
+    candidate_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def violations(self) -> list[str]:
+        paths = set(self.base_hashes) | set(self.candidate_hashes)
+        return sorted(p for p in paths if self.base_hashes.get(p) != self.candidate_hashes.get(p))
+
+    def raise_for_violations(self) -> None:
+        changed = self.violations
+        if changed:
+            shown = ", ".join(changed[:20]) + (
+                f" and {len(changed) - 20} more" if len(changed) > 20 else ""
+            )
+            raise ProtectedPathChanged(
+                f"the change touches protected path(s): {shown}; the agent may not change the "
+                f"harness, the evaluation or reference data (see [protected] in {CONFIG_NAME})",
+                paths=changed,
+            )
+
+
+def _tree_hashes(run: RunGit, ref: str) -> dict[str, str]:
+    out = run(["ls-tree", "-r", "-z", "--full-tree", ref])
+    hashes: dict[str, str] = {}
+    for entry in out.split("\0"):
+        if not entry:
+            continue
+        meta, _, path = entry.partition("\t")
+        mode, _kind, sha = meta.split(" ")
+        hashes[path] = f"{mode}:{sha}"
+    return hashes
+
+
+def _index_hashes(run: RunGit) -> dict[str, str]:
+    out = run(["ls-files", "--stage", "-z"])
+    hashes: dict[str, str] = {}
+    for entry in out.split("\0"):
+        if not entry:
+            continue
+        meta, _, path = entry.partition("\t")
+        mode, sha, _stage = meta.split(" ")
+        hashes[path] = f"{mode}:{sha}"
+    return hashes
+
+
+def check(
+    run: RunGit, base_sha: str, *, ref: str | None = None, allowed: Sequence[str] = ()
+) -> Check:
+    """Compare the protected paths of the index (or of commit `ref`) with the base commit."""
+    try:
+        config = run(["show", f"{base_sha}:{CONFIG_NAME}"])
+    except GitFailed:  # no autopilot.toml at the base: only the built-in list applies
+        config = None
+    patterns = patterns_from_config(config)
+    allowed = [_normalise(a) for a in allowed]
+    base = _tree_hashes(run, base_sha)
+    candidate = _index_hashes(run) if ref is None else _tree_hashes(run, ref)
+    result = Check(patterns)
+    result.base_hashes = {p: h for p, h in base.items() if is_protected(p, patterns, allowed)}
+    result.candidate_hashes = {
+        p: h for p, h in candidate.items() if is_protected(p, patterns, allowed)
+    }
+    return result

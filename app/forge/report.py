@@ -1,0 +1,327 @@
+"""A cycle's report: `results/<cycle>/` with result.json, REPORT.md and plot.svg.
+
+The files are rendered deterministically (sorted JSON, a fixed SVG hash salt and no date), so
+writing the same result twice changes nothing and the commit step stays idempotent.
+matplotlib is imported lazily with the Agg backend: only the commit step pays for it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from app.errors import InvalidInput
+
+RESULTS_DIR = "results"
+_CYCLE_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class ReportContext:
+    """What the cycle knows besides the result: the why, the what and how to reproduce it."""
+
+    cycle_id: str
+    project: str
+    hypothesis: str
+    changes: str = ""
+    method: str = ""
+    lessons: Sequence[str] = ()
+    reproduce: str = ""
+    base_sha: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    directory: Path
+    result: Path
+    report: Path
+    plot: Path
+
+    def relative(self, root: Path) -> list[str]:
+        return [str(p.relative_to(root)) for p in (self.result, self.report, self.plot)]
+
+
+def results_dir(cycle_id: str) -> str:
+    """`results/<cycle>` relative to the repository root, with the cycle id validated."""
+    if not _CYCLE_DIR.fullmatch(cycle_id) or ".." in cycle_id:
+        raise InvalidInput(f"cycle id {cycle_id!r} cannot name a results directory")
+    return f"{RESULTS_DIR}/{cycle_id}"
+
+
+def write_report(root: Path, result: Mapping[str, Any], context: ReportContext) -> ReportFiles:
+    """Write the three files under `root/results/<cycle>/` and return their paths."""
+    directory = root / results_dir(context.cycle_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(
+        directory, directory / "result.json", directory / "REPORT.md", directory / "plot.svg"
+    )
+    files.result.write_text(
+        json.dumps(result, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
+    )
+    files.report.write_text(render_markdown(result, context))
+    files.plot.write_text(render_plot(result))
+    return files
+
+
+# -- reading the result -------------------------------------------------------------------
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _samples(entry: Mapping[str, Any]) -> tuple[list[float], list[float]] | None:
+    samples = entry.get("samples")
+    if not isinstance(samples, Mapping):
+        return None
+    a = [v for v in (_num(x) for x in samples.get("a_ns") or []) if v is not None]
+    b = [v for v in (_num(x) for x in samples.get("b_ns") or []) if v is not None]
+    if not a or len(a) != len(b):
+        return None
+    return a, b
+
+
+def comparisons(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per candidate: the harness's `comparisons`, else the top-level headline."""
+    rows = result.get("comparisons")
+    if isinstance(rows, list) and rows:
+        return [dict(r) for r in rows if isinstance(r, Mapping)]
+    headline = {k: result.get(k) for k in ("ratio", "ci_low", "ci_high", "verdict", "n")}
+    headline["variant"] = (
+        (result.get("headline") or {}).get("variant", "candidate")
+        if isinstance(result.get("headline"), Mapping)
+        else "candidate"
+    )
+    if isinstance(result.get("samples"), Mapping):
+        headline["samples"] = result["samples"]
+    if isinstance(result.get("accuracy"), Mapping):
+        headline["accuracy"] = result["accuracy"]
+    return [headline] if any(v is not None for v in headline.values()) else []
+
+
+def _time_unit(values: Sequence[float]) -> tuple[float, str]:
+    """Scale from ns to a readable unit, chosen from the data's median."""
+    mid = median(values) if values else 0.0
+    for scale, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
+        if mid >= scale:
+            return scale, unit
+    return 1.0, "ns"
+
+
+# -- REPORT.md ----------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _accuracy(entry: Mapping[str, Any]) -> str:
+    acc = entry.get("accuracy")
+    if not isinstance(acc, Mapping):
+        return "–"
+    passed = acc.get("pass")
+    status = "pass" if passed else ("fail" if passed is not None else "?")
+    err = _num(acc.get("max_rel_error"))
+    reason = acc.get("reason")
+    text = status + (f", max rel. error {err:.3g}" if err is not None else "")
+    return text + (f" ({reason})" if reason and not passed else "")
+
+
+def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
+    rows = comparisons(result)
+    verdict = result.get("verdict") or (rows[0].get("verdict") if rows else None)
+    status = result.get("status")
+    hypothesis = context.hypothesis.strip()
+    lines = [
+        f"# {hypothesis.splitlines()[0] if hypothesis else 'Cycle ' + context.cycle_id}",
+        "",
+        f"Project `{context.project}`, cycle `{context.cycle_id}`"
+        + (f", base `{context.base_sha[:12]}`" if context.base_sha else "")
+        + ".",
+        "",
+        f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**",
+        "",
+        "## Hypothesis",
+        "",
+        context.hypothesis.strip() or "–",
+        "",
+        "## What changed",
+        "",
+        context.changes.strip() or "–",
+        "",
+        "## Method",
+        "",
+    ]
+    method = context.method.strip()
+    if not method:
+        parts = [f"experiment `{result.get('experiment')}`"] if result.get("experiment") else []
+        if result.get("device"):
+            parts.append(f"on `{result['device']}`")
+        if result.get("repeats"):
+            parts.append(f"{result['repeats']} paired, interleaved rounds")
+        method = (
+            ", ".join(parts) + "; medians of paired time ratios (candidate / baseline, lower is "
+            "faster) with bootstrap confidence intervals; accuracy is gated before speed."
+        ).lstrip("; ")
+    lines += [method, ""]
+    params = result.get("parameters")
+    if isinstance(params, Mapping) and params:
+        lines += ["Parameters: " + ", ".join(f"`{k}={v}`" for k, v in params.items()), ""]
+
+    lines += ["## Results", ""]
+    if status == "error" and isinstance(result.get("error"), Mapping):
+        lines += [f"The experiment failed: {_cell(result['error'].get('message'))}", ""]
+    if rows:
+        lines += [
+            "| variant | baseline median | variant median | ratio (B/A) | CI low | CI high "
+            "| verdict | accuracy |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in rows:
+            pair = _samples(row)
+            if pair:
+                scale, unit = _time_unit(pair[0])
+                a_med = f"{median(pair[0]) / scale:.4g} {unit}"
+                b_med = f"{median(pair[1]) / scale:.4g} {unit}"
+            else:
+                a_med = b_med = "–"
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        _cell(row.get("variant")),
+                        a_med,
+                        b_med,
+                        _cell(_num(row.get("ratio"))),
+                        _cell(_num(row.get("ci_low"))),
+                        _cell(_num(row.get("ci_high"))),
+                        _cell(row.get("verdict")),
+                        _accuracy(row),
+                    ]
+                )
+                + " |"
+            )
+        lines.append("")
+    else:
+        lines += ["No timing results.", ""]
+    noise = result.get("noise_floor")
+    if isinstance(noise, Mapping) and _num(noise.get("floor")) is not None:
+        lines += [f"A/A noise floor: {_num(noise.get('floor')):.3g}.", ""]
+    baseline = result.get("baseline")
+    if isinstance(baseline, Mapping) and isinstance(baseline.get("accuracy"), Mapping):
+        lines += [f"Baseline `{_cell(baseline.get('name'))}` accuracy: {_accuracy(baseline)}.", ""]
+    lines += ["![paired samples](plot.svg)", ""]
+
+    lines += ["## Environment", ""]
+    env = result.get("environment")
+    if isinstance(env, Mapping) and env:
+        for key in sorted(env):
+            value = env[key]
+            shown = (
+                json.dumps(value, sort_keys=True, default=str)
+                if not isinstance(value, str | int | float | bool)
+                else str(value)
+            )
+            lines.append(f"- {key}: `{shown[:300]}`")
+    else:
+        lines.append("–")
+    lines += ["", "## Proposed lessons", ""]
+    lines += [f"- {lesson}" for lesson in context.lessons] or ["–"]
+    lines += ["", "## Reproduce", ""]
+    lines += ["```sh", context.reproduce.strip(), "```"] if context.reproduce.strip() else ["–"]
+    for key, value in context.extra.items():
+        lines += ["", f"## {key}", "", value]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# -- plot.svg -----------------------------------------------------------------------------
+
+
+def _sweep(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
+    sweep = result.get("thread_sweep") or result.get("sweep")
+    if not isinstance(sweep, Mapping) or not isinstance(sweep.get("points"), Mapping):
+        return {}
+    series: dict[str, list[tuple[float, float]]] = {}
+    for name, points in sweep["points"].items():
+        if not isinstance(points, list):
+            continue
+        pts = [
+            (x, y)
+            for p in points
+            if isinstance(p, Mapping)
+            and (x := _num(p.get("threads"))) is not None
+            and (y := _num(p.get("calls_per_s"))) is not None
+        ]
+        if pts:
+            series[str(name)] = pts
+    return series
+
+
+def render_plot(result: Mapping[str, Any]) -> str:
+    """An SVG of the paired samples (variant vs baseline time) and the sweep, if present."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    paired = [(str(r.get("variant")), s) for r in comparisons(result) if (s := _samples(r))]
+    sweep = _sweep(result)
+    panels = int(bool(paired)) + int(bool(sweep))
+    with matplotlib.rc_context({"svg.hashsalt": "autopilot", "svg.fonttype": "none"}):
+        figure = Figure(figsize=(6.4 * max(panels, 1), 4.8))
+        axes = figure.subplots(1, max(panels, 1), squeeze=False)[0]
+        index = 0
+        if paired:
+            ax = axes[index]
+            index += 1
+            scale, unit = _time_unit([v for _, (a, _b) in paired for v in a])
+            low, high = math.inf, 0.0
+            for name, (a, b) in paired:
+                xs = [v / scale for v in a]
+                ys = [v / scale for v in b]
+                ax.scatter(xs, ys, s=12, alpha=0.7, label=name)
+                low, high = min(low, *xs, *ys), max(high, *xs, *ys)
+            ax.plot(
+                [low, high],
+                [low, high],
+                color="grey",
+                linestyle="--",
+                linewidth=1,
+                label="equal time",
+            )
+            ax.set_xlabel(f"baseline time per call ({unit})")
+            ax.set_ylabel(f"variant time per call ({unit})")
+            ax.set_title("Paired samples (below the line: variant faster)")
+            ax.legend(loc="best", fontsize="small")
+        if sweep:
+            ax = axes[index]
+            for name, pts in sweep.items():
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=name)
+            ax.set_xlabel("threads (count)")
+            ax.set_ylabel("throughput (calls/s)")
+            ax.set_title("Thread sweep")
+            ax.legend(loc="best", fontsize="small")
+        if not panels:
+            ax = axes[0]
+            ax.text(
+                0.5, 0.5, "result.json has no samples or sweep to plot", ha="center", va="center"
+            )
+            ax.set_axis_off()
+        figure.tight_layout()
+        buffer = io.StringIO()
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    return buffer.getvalue()

@@ -1,0 +1,150 @@
+"""The forge steps a cycle calls: commit the results, publish the branch as a PR, merge safely.
+
+Each is idempotent: called again after a crash it finds what the first call made (the commit,
+the pushed branch, the open PR) and returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.db import Stores
+from app.forge import report
+from app.forge.base import Forge, ProjectRef, PullRequest
+from app.forge.exceptions import BaseBranchMissing, MergeConflict, PullRequestNotOpen
+from app.forge.git import GitWork, Worktree
+from app.settings import Settings
+
+# (pull request, new base sha) -> (verdict holds, reason). The queue's implementation runs the
+# experiment again as a job on the PR's head merged onto that base and compares verdicts.
+Revalidate = Callable[[PullRequest, str], tuple[bool, str]]
+
+
+def forge_for(settings: Settings, stores: Stores, **options: Any) -> Forge:
+    """The forge the settings name: the local forge (embedded default) or GitHub."""
+    if settings.forge == "github":
+        from app.forge.github import GitHubForge
+
+        return GitHubForge.from_settings(settings, **options)
+    from app.forge.local import LocalForge
+
+    return LocalForge(settings, stores)
+
+
+def _allowed(cycle_id: str) -> list[str]:
+    return [report.results_dir(cycle_id) + "/"]
+
+
+def commit_results(
+    git_work: GitWork,
+    worktree: Worktree,
+    result: Mapping[str, Any],
+    context: report.ReportContext,
+    *,
+    message: str | None = None,
+) -> str:
+    """Write `results/<cycle>/` (result.json, REPORT.md, plot.svg) and commit it with the
+    agent's change, after the protected-path check. Returns the commit sha."""
+    report.write_report(worktree.path, result, context)
+    title = context.hypothesis.strip().splitlines()[0] if context.hypothesis.strip() else ""
+    verdict = result.get("verdict") or result.get("status") or "no verdict"
+    return git_work.commit(
+        worktree,
+        message
+        or f"{title or 'Cycle ' + context.cycle_id} ({verdict})\n\nCycle {context.cycle_id}",
+        allowed=_allowed(context.cycle_id),
+    )
+
+
+def publish(
+    git_work: GitWork,
+    forge: Forge,
+    project: ProjectRef,
+    worktree: Worktree,
+    cycle_id: str,
+    *,
+    title: str,
+    body: str,
+) -> PullRequest:
+    """Push the cycle's branch to the forge's remote and open (or find) its pull request."""
+    git_work.push(worktree, forge.remote_url(project), allowed=_allowed(cycle_id))
+    return forge.open_pull_request(project, worktree.branch, worktree.base, title, body)
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    merged: bool
+    pull_request: PullRequest
+    reason: str
+    base_sha: str | None
+    revalidations: int
+
+
+def merge_with_revalidation(
+    forge: Forge,
+    git_work: GitWork,
+    project: ProjectRef,
+    number: int,
+    *,
+    run_base_sha: str,
+    revalidate: Revalidate,
+    expected_head_sha: str | None = None,
+    message: str | None = None,
+    max_rounds: int = 3,
+) -> MergeOutcome:
+    """Merge PR `number` only if its result holds on the base it merges into.
+
+    If the base moved since the run (`run_base_sha`), `revalidate` re-runs the experiment on
+    the new base; the PR merges only if the verdict holds, else the reason goes on the PR as a
+    comment and it stays open. A base that keeps moving is re-validated up to `max_rounds`.
+    """
+    url = forge.remote_url(project)
+    validated = run_base_sha
+    rounds = 0
+    while True:
+        pr = forge.get_pull_request(project, number)
+        if pr.state == "merged":
+            return MergeOutcome(True, pr, "already merged", validated, rounds)
+        if pr.state != "open":
+            raise PullRequestNotOpen(f"pull request #{number} is {pr.state}; it cannot be merged")
+        current = git_work.remote_head(url, pr.base)
+        if current is None:
+            raise BaseBranchMissing(f"base branch {pr.base!r} of #{number} is gone from the remote")
+        if current == validated:
+            try:
+                merged = forge.merge(
+                    project,
+                    number,
+                    message=message,
+                    expected_head_sha=expected_head_sha or pr.head_sha,
+                )
+            except MergeConflict as exc:
+                forge.comment(project, number, f"Not merged: {exc.detail}")
+                return MergeOutcome(False, pr, exc.detail, validated, rounds)
+            reason = "merged" if rounds == 0 else f"merged after {rounds} re-validation(s)"
+            return MergeOutcome(True, merged, reason, validated, rounds)
+        if rounds >= max_rounds:
+            reason = (
+                f"the base `{pr.base}` kept moving ({rounds} re-validations, now at "
+                f"{current[:12]}); merge again when it is quiet"
+            )
+            forge.comment(project, number, f"Not merged: {reason}.")
+            return MergeOutcome(False, pr, reason, validated, rounds)
+        rounds += 1
+        holds, why = revalidate(pr, current)
+        if not holds:
+            reason = (
+                f"the base `{pr.base}` moved from {validated[:12]} to {current[:12]} since this "
+                f"result was measured, and re-running the experiment on the new base did not "
+                f"confirm the verdict: {why}"
+            )
+            forge.comment(project, number, f"Not merged: {reason}")
+            return MergeOutcome(False, pr, reason, validated, rounds)
+        forge.comment(
+            project,
+            number,
+            f"Re-validated on the new base `{pr.base}` at {current[:12]}: {why}",
+        )
+        validated = current

@@ -1,0 +1,212 @@
+"""The local forge end to end on SQLite and PostgreSQL: branch, commit, report, PR, merge."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from app.db import Stores
+from app.forge import service
+from app.forge.base import ProjectRef, PullRequest
+from app.forge.exceptions import HeadMoved, InvalidRef, PullRequestNotFound, PullRequestNotOpen
+from app.forge.git import GitWork, Worktree
+from app.forge.local import LocalForge
+from app.forge.report import ReportContext
+from app.settings import Settings
+from tests.integration.forge.gitrepo import commit_to, git, harness_result, make_origin
+
+CYCLE = "c0ffee01"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> ProjectRef:
+    return ProjectRef("spectral", str(make_origin(tmp_path)), "main")
+
+
+@pytest.fixture
+def forge(settings: Settings, stores: Stores) -> LocalForge:
+    return LocalForge(settings, stores)
+
+
+@pytest.fixture
+def work(settings: Settings) -> GitWork:
+    return GitWork(settings, push_attempts=2, push_backoff_s=0.01)
+
+
+def run_cycle(
+    work: GitWork,
+    forge: LocalForge,
+    project: ProjectRef,
+    cycle: str = CYCLE,
+    change: str = "def kernel(x):\n    return x + x\n",
+) -> tuple[Worktree, str, PullRequest]:
+    wt = work.prepare_worktree(project.name, forge.remote_url(project), "main", cycle, "fuse")
+    (wt.path / "src" / "kernel.py").write_text(change)
+    context = ReportContext(
+        cycle_id=cycle,
+        project=project.name,
+        hypothesis="Fusing halves time",
+        changes="kernel uses an add",
+        reproduce="autopilot cycle rerun x",
+        base_sha=wt.base_sha,
+    )
+    sha = service.commit_results(work, wt, harness_result(), context)
+    pr = service.publish(work, forge, project, wt, cycle, title="Fuse", body="body")
+    return wt, sha, pr
+
+
+def test_cycle_to_pull_request_is_idempotent(
+    work: GitWork, forge: LocalForge, project: ProjectRef, settings: Settings
+) -> None:
+    wt, sha, pr = run_cycle(work, forge, project)
+    bare = settings.state_dir.absolute() / "forge" / "spectral.git"
+    assert forge.remote_url(project) == str(bare)
+    assert pr.number == 1 and pr.state == "open" and pr.head == wt.branch and pr.base == "main"
+    assert pr.head_sha == sha == git(bare, "rev-parse", wt.branch)
+    files = git(bare, "ls-tree", "-r", "--name-only", sha).splitlines()
+    assert {
+        f"results/{CYCLE}/result.json",
+        f"results/{CYCLE}/REPORT.md",
+        f"results/{CYCLE}/plot.svg",
+    } <= set(files)
+
+    # Everything again, as after a crash: same commit, same PR, still one PR.
+    _, sha2, pr2 = run_cycle(work, forge, project)
+    assert (sha2, pr2) == (sha, pr)
+    assert forge.open_pull_request(project, wt.branch, "main", "again", "") == pr
+    assert [p.number for p in forge.list_pull_requests(project)] == [1]
+    diff = forge.diff(project, 1)
+    assert "src/kernel.py" in diff and f"results/{CYCLE}/REPORT.md" in diff
+    assert forge.get_pull_request(project, 1) == pr
+
+
+def test_concurrent_opens_make_one_pull_request(
+    work: GitWork, forge: LocalForge, project: ProjectRef
+) -> None:
+    wt, _, first = run_cycle(work, forge, project)
+    forge.close(project, first.number)
+    with ThreadPoolExecutor(4) as pool:
+        prs = list(
+            pool.map(
+                lambda _: forge.open_pull_request(project, wt.branch, "main", "t", ""), range(8)
+            )
+        )
+    assert len({p.number for p in prs}) == 1
+    assert [p.state for p in forge.list_pull_requests(project)] == ["closed", "open"]
+
+
+def test_open_needs_a_pushed_head(forge: LocalForge, project: ProjectRef) -> None:
+    with pytest.raises(InvalidRef, match="push it"):
+        forge.open_pull_request(project, "autopilot/spectral/nothing", "main", "t", "")
+    with pytest.raises(InvalidRef):
+        forge.open_pull_request(project, "--exec=x", "main", "t", "")
+
+
+def test_merge_makes_a_merge_commit_in_the_bare_repo(
+    work: GitWork, forge: LocalForge, project: ProjectRef, settings: Settings
+) -> None:
+    wt, sha, pr = run_cycle(work, forge, project)
+    bare = Path(forge.remote_url(project))
+    before = git(bare, "rev-parse", "main")
+    with pytest.raises(HeadMoved):
+        forge.merge(project, pr.number, expected_head_sha="0" * 40)
+    merged = forge.merge(project, pr.number, expected_head_sha=sha)
+    assert merged.state == "merged" and merged.merge_sha == git(bare, "rev-parse", "main")
+    parents = git(bare, "rev-list", "--parents", "-n", "1", "main").split()[1:]
+    assert parents == [before, sha]
+    assert git(bare, "log", "-1", "--format=%an", "main") == settings.git_author_name
+    assert forge.merge(project, pr.number) == merged  # idempotent
+    assert "src/kernel.py" in forge.diff(project, pr.number)
+    other = run_cycle(work, forge, project, "beef0002", change="def kernel(x):\n    return 0\n")[2]
+    forge.close(project, other.number)
+    with pytest.raises(PullRequestNotOpen):
+        forge.merge(project, other.number)
+    with pytest.raises(PullRequestNotFound):
+        forge.get_pull_request(project, 99)
+
+
+def test_comment_and_close(work: GitWork, forge: LocalForge, project: ProjectRef) -> None:
+    _, _, pr = run_cycle(work, forge, project)
+    forge.comment(project, pr.number, "looks good")
+    assert forge.comments(project, pr.number) == ["looks good"]
+    closed = forge.close(project, pr.number)
+    assert closed.state == "closed"
+    assert forge.close(project, pr.number) == closed
+
+
+# -- re-validation before merge ------------------------------------------------------------
+
+
+class Revalidator:
+    def __init__(self, holds: bool, reason: str) -> None:
+        self.holds, self.reason = holds, reason
+        self.calls: list[tuple[int, str]] = []
+
+    def __call__(self, pr: PullRequest, base_sha: str) -> tuple[bool, str]:
+        self.calls.append((pr.number, base_sha))
+        return self.holds, self.reason
+
+
+def test_unmoved_base_merges_without_revalidation(
+    work: GitWork, forge: LocalForge, project: ProjectRef
+) -> None:
+    wt, _, pr = run_cycle(work, forge, project)
+    check = Revalidator(False, "never asked")
+    outcome = service.merge_with_revalidation(
+        forge, work, project, pr.number, run_base_sha=wt.base_sha, revalidate=check
+    )
+    assert outcome.merged and outcome.revalidations == 0 and check.calls == []
+
+
+def test_moved_base_verdict_does_not_hold(
+    work: GitWork, forge: LocalForge, project: ProjectRef, tmp_path: Path
+) -> None:
+    wt, _, pr = run_cycle(work, forge, project)
+    bare = Path(forge.remote_url(project))
+    moved = commit_to(bare, tmp_path, "main", "src/other.py", "FAST = True\n")
+    check = Revalidator(False, "ratio 0.99 [0.97, 1.01] is inconclusive on the new base")
+    outcome = service.merge_with_revalidation(
+        forge, work, project, pr.number, run_base_sha=wt.base_sha, revalidate=check
+    )
+    assert not outcome.merged
+    assert check.calls == [(pr.number, moved)]
+    assert forge.get_pull_request(project, pr.number).state == "open"
+    assert git(bare, "rev-parse", "main") == moved  # nothing merged
+    (comment,) = forge.comments(project, pr.number)
+    assert "moved from" in comment and "inconclusive on the new base" in comment
+
+
+def test_moved_base_verdict_holds(
+    work: GitWork, forge: LocalForge, project: ProjectRef, tmp_path: Path
+) -> None:
+    wt, sha, pr = run_cycle(work, forge, project)
+    bare = Path(forge.remote_url(project))
+    moved = commit_to(bare, tmp_path, "main", "src/other.py", "FAST = True\n")
+    check = Revalidator(True, "ratio 0.81 [0.79, 0.83], still faster")
+    outcome = service.merge_with_revalidation(
+        forge, work, project, pr.number, run_base_sha=wt.base_sha, revalidate=check
+    )
+    assert outcome.merged and outcome.revalidations == 1 and outcome.base_sha == moved
+    assert git(bare, "rev-list", "--parents", "-n", "1", "main").split()[1:] == [moved, sha]
+    assert "Re-validated" in forge.comments(project, pr.number)[0]
+
+
+def test_moved_base_that_conflicts_is_reported(
+    work: GitWork, forge: LocalForge, project: ProjectRef, tmp_path: Path
+) -> None:
+    wt, _, pr = run_cycle(work, forge, project)
+    bare = Path(forge.remote_url(project))
+    commit_to(bare, tmp_path, "main", "src/kernel.py", "def kernel(x):\n    return 3 * x\n")
+    outcome = service.merge_with_revalidation(
+        forge,
+        work,
+        project,
+        pr.number,
+        run_base_sha=wt.base_sha,
+        revalidate=Revalidator(True, "holds"),
+    )
+    assert not outcome.merged and "does not merge cleanly" in outcome.reason
+    assert forge.get_pull_request(project, pr.number).state == "open"
+    assert "does not merge cleanly" in forge.comments(project, pr.number)[-1]
