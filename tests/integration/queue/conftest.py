@@ -106,7 +106,7 @@ def queue_settings(
         "broker_url": broker_url,
         "venv_system_site_packages": True,
         "venv_root": shared_venv_root,
-        "lease_ttl_s": 3.0,
+        "lease_ttl_s": 5.0,
         "heartbeat_interval_s": 0.5,
         "reaper_interval_s": 1.0,
         "doorbell_stale_s": 2.0,
