@@ -48,11 +48,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # The default 1 s makes every hop take a second; 10 ms costs little CPU.
             "polling_interval": 0.01,
         }
+    extra: dict[str, Any] = {}
+    if settings.broker_url.startswith("filesystem://"):
+        extra["broker_transport"] = "app.broker_fs:Transport"
     gpu_queues = [Queue(f"gpu.{kind}", routing_key=f"gpu.{kind}") for kind in settings.gpu_kinds]
     return {
         "broker_url": settings.broker_url,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        **extra,
         "task_queues": [Queue("control"), Queue("prepare"), *gpu_queues],
         "task_default_queue": "control",
         "task_routes": {
@@ -131,7 +135,11 @@ def ring_gpu(settings: Settings, queue: str, job_id: int | None = None) -> None:
     )
 
 
-def ring_advance(settings: Settings, cycle_id: int) -> None:
+def ring_advance(settings: Settings, cycle_id: int, countdown: float | None = None) -> None:
     client(settings).send_task(
-        ADVANCE_CYCLE, args=[cycle_id], queue="control", expires=DOORBELL_EXPIRES_S
+        ADVANCE_CYCLE,
+        args=[cycle_id],
+        queue="control",
+        expires=DOORBELL_EXPIRES_S,
+        countdown=countdown,
     )

@@ -41,3 +41,10 @@ def run_jobs(queue: str, job_id: int | None = None) -> int:
 def reap() -> dict[str, list[int] | list[str]]:
     reaped = gpu.reap(stores(), get_settings())
     return {"requeued": reaped.requeued, "failed": reaped.failed}
+
+
+@celery.task(name=broker.ADVANCE_CYCLE)
+def advance_cycle(cycle_id: int) -> str:
+    from app.cycles.service import Machine
+
+    return Machine(stores(), get_settings()).advance(cycle_id)

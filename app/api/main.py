@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from app.api import health, problems
 from app.api.limits import BodySizeLimit
 from app.db import Stores
+from app.cycles.router import router as cycles_router
 from app.memory.router import router as memory_router
 from app.ops.job_router import router as jobs_router
 from app.ops.router import router as projects_router
@@ -52,5 +53,6 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api.include_router(projects_router)
     api.include_router(memory_router)
     api.include_router(jobs_router)
+    api.include_router(cycles_router)
     app.include_router(api)
     return app

@@ -144,35 +144,51 @@ class Budget:
     concurrent_gpus: int | None
 
 
-def blocked_by_budget(
-    session: Session, settings: Settings, job: Job, project: Project
-) -> str | None:
-    """Why this job may not take a GPU now, or None. Peak and average are checked apart."""
-    day_ago = utcnow() - timedelta(days=1)
-    scopes = (
-        (
-            f"project {project.name}",
-            project.id,
-            Budget(project.budget_gpu_hours_per_day, project.budget_concurrent_gpus),
-        ),
-        (
-            "global",
-            None,
-            Budget(settings.budget_gpu_hours_per_day, settings.budget_concurrent_gpus),
-        ),
+def _budget_scopes(
+    settings: Settings, project: Project | None
+) -> list[tuple[str, int | None, Budget]]:
+    scopes: list[tuple[str, int | None, Budget]] = []
+    if project is not None:
+        scopes.append(
+            (
+                f"project {project.name}",
+                project.id,
+                Budget(project.budget_gpu_hours_per_day, project.budget_concurrent_gpus),
+            )
+        )
+    scopes.append(
+        ("global", None, Budget(settings.budget_gpu_hours_per_day, settings.budget_concurrent_gpus))
     )
-    for label, project_id, budget in scopes:
-        if budget.concurrent_gpus is not None:
-            active = repo.active_count(session, project_id)
-            if active >= budget.concurrent_gpus:
-                return f"peak budget: {label} uses {active}/{budget.concurrent_gpus} GPUs"
-        if budget.gpu_hours_per_day is not None:
-            used_h = repo.gpu_seconds_since(session, day_ago, project_id) / 3600
-            if used_h >= budget.gpu_hours_per_day:
-                return (
-                    f"average budget: {label} used {used_h:.2f}/{budget.gpu_hours_per_day:g} "
-                    "GPU-hours in the last 24 h"
-                )
+    return scopes
+
+
+def _check_scope(
+    session: Session, label: str, project_id: int | None, budget: Budget
+) -> str | None:
+    if budget.concurrent_gpus is not None:
+        active = repo.active_count(session, project_id)
+        if active >= budget.concurrent_gpus:
+            return f"peak budget: {label} uses {active}/{budget.concurrent_gpus} GPUs"
+    if budget.gpu_hours_per_day is not None:
+        day_ago = utcnow() - timedelta(days=1)
+        used_h = repo.gpu_seconds_since(session, day_ago, project_id) / 3600
+        if used_h >= budget.gpu_hours_per_day:
+            return (
+                f"average budget: {label} used {used_h:.2f}/{budget.gpu_hours_per_day:g} "
+                "GPU-hours in the last 24 h"
+            )
+    return None
+
+
+def blocked_by_budget(
+    session: Session, settings: Settings, job: Job | None, project: Project | None
+) -> str | None:
+    """Why a job of `project` may not take a GPU now, or None. Peak (concurrent GPUs) and
+    average (GPU-hours per day) are two limits, checked separately, per project and globally."""
+    for label, project_id, budget in _budget_scopes(settings, project):
+        reason = _check_scope(session, label, project_id, budget)
+        if reason is not None:
+            return reason
     return None
 
 
@@ -188,34 +204,60 @@ def lease_next(
     """Lease the oldest prepared job of `queue` that fits both budgets, in one transaction.
 
     Whatever doorbell woke the worker, it takes the job first in the global submission order;
-    a duplicate doorbell finds nothing and is a no-op.
+    a duplicate doorbell finds nothing and is a no-op. A project over its budget is decided
+    once per call and its jobs are skipped in the query, so however many of its jobs wait,
+    the next project's job behind them still leases; every waiting job shows the reason.
     """
     repo.lock_leasing(session)
     now = utcnow()
-    for job in repo.leasable(session, queue):
-        project = session.get(Project, job.project_id)
-        assert project is not None
-        reason = blocked_by_budget(session, settings, job, project)
-        if reason is not None:
-            job.wait_reason = reason
-            continue
-        if not repo.claim(session, job.id, worker, now):
-            continue
-        session.refresh(job)
-        session.add(
-            Lease(
-                job_id=job.id,
-                worker=worker,
-                host=host or socket.gethostname(),
-                device=device,
-                heartbeat_at=now,
-                expires_at=now + timedelta(seconds=settings.lease_ttl_s),
-            )
-        )
+    globally = _check_scope(session, "global", None, _budget_scopes(settings, None)[0][2])
+    if globally is not None:
+        repo.set_wait_reason(session, queue, globally)
+        return None
+    blocked: dict[int, str] = {}
+    tried: set[int] = set()
+    leased: Job | None = None
+    while leased is None:
+        batch = [
+            j
+            for j in repo.leasable(session, queue, exclude_projects=list(blocked))
+            if j.id not in tried
+        ]
+        if not batch:
+            break
+        for job in batch:
+            tried.add(job.id)
+            if job.project_id in blocked:
+                continue
+            project = session.get(Project, job.project_id)
+            assert project is not None
+            label, project_id, budget = _budget_scopes(settings, project)[0]
+            reason = _check_scope(session, label, project_id, budget)
+            if reason is not None:
+                blocked[job.project_id] = reason
+                continue
+            if repo.claim(session, job.id, worker, now):
+                session.refresh(job)
+                leased = job
+                break
+    for project_id, reason in blocked.items():
+        repo.set_wait_reason(session, queue, reason, project_id=project_id)
+    repo.clear_wait_reasons(session, queue, keep_projects=list(blocked))
+    if leased is None:
         session.flush()
-        return job
+        return None
+    session.add(
+        Lease(
+            job_id=leased.id,
+            worker=worker,
+            host=host or socket.gethostname(),
+            device=device,
+            heartbeat_at=now,
+            expires_at=now + timedelta(seconds=settings.lease_ttl_s),
+        )
+    )
     session.flush()
-    return None
+    return leased
 
 
 def _own_lease(session: Session, job_id: int, worker: str) -> Lease:

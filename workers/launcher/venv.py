@@ -171,6 +171,8 @@ def _build(
     create.append(str(target))
     with open(log_path, "w", encoding="utf-8") as log:
         _run_logged(create, log, report, "create", 600.0)
+        if system_site_packages:
+            _inherit_parent_venv(target, base_python)
         if not wanted:
             return
         req_file = target / REQUIREMENTS_FILE
@@ -185,6 +187,29 @@ def _build(
             str(req_file),
         ]
         _run_logged(install, log, report, "install", install_timeout_s)
+
+
+def _inherit_parent_venv(target: Path, base_python: str) -> None:
+    """`--system-site-packages` exposes the *base* interpreter's packages. When the base is
+    itself a venv (the service's, holding torch), a .pth file adds that venv's site-packages
+    too, after the new venv's own, so "reuse the installed torch" means what it says."""
+    probe = subprocess.run(  # noqa: S603 - the configured base interpreter, fixed argv
+        [
+            base_python,
+            "-c",
+            "import site, sys; print(sys.prefix != sys.base_prefix); "
+            "print('\\n'.join(site.getsitepackages()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    first, *paths = probe.stdout.splitlines()
+    if first != "True" or not paths:
+        return
+    for site_dir in (target / "lib").glob("python*/site-packages"):
+        (site_dir / "_autopilot_parent_venv.pth").write_text("\n".join(paths) + "\n")
 
 
 def _run_logged(

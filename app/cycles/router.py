@@ -1,0 +1,68 @@
+"""REST routes of cycles: trigger (idempotent by key), list, show, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Response, status
+
+from app import broker
+from app.api.deps import AnyToken, OpsSession, TriggerToken, get_settings, get_stores
+from app.cycles import service
+from app.cycles.schemas import CycleCreate, CycleOut, StepOut
+from app.db import Stores
+from app.settings import Settings
+
+router = APIRouter(prefix="/cycles", tags=["cycles"])
+
+
+def _out(cycle: object, steps: object = ()) -> CycleOut:
+    out = CycleOut.model_validate(cycle)
+    out.steps = [StepOut.model_validate(s) for s in steps]  # type: ignore[attr-defined]
+    return out
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=CycleOut)
+def trigger_cycle(
+    body: CycleCreate,
+    response: Response,
+    token: TriggerToken,
+    stores: Annotated[Stores, Depends(get_stores)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+) -> CycleOut:
+    with stores.ops_session() as session:
+        cycle, created = service.create(
+            session,
+            service.Trigger(
+                project=body.project,
+                agent=body.agent,
+                experiment=body.experiment,
+                parameters=dict(body.parameters) if body.parameters else None,
+                changed_hypothesis=body.changed_hypothesis,
+                idempotency_key=f"{token.name}:{idempotency_key}" if idempotency_key else None,
+            ),
+        )
+        out = _out(cycle)
+    if created:
+        broker.ring_advance(settings, out.id)  # after the commit
+    else:
+        response.status_code = status.HTTP_200_OK
+    return out
+
+
+@router.get("", response_model=list[CycleOut])
+def list_cycles(
+    session: OpsSession, _: AnyToken, project: str | None = None, state: str | None = None
+) -> list[CycleOut]:
+    return [_out(c) for c in service.list_cycles(session, project=project, state=state)]
+
+
+@router.get("/{cycle_id}", response_model=CycleOut)
+def get_cycle(cycle_id: int, session: OpsSession, _: AnyToken) -> CycleOut:
+    return _out(service.get(session, cycle_id), service.steps(session, cycle_id))
+
+
+@router.post("/{cycle_id}/cancel", response_model=CycleOut)
+def cancel_cycle(cycle_id: int, session: OpsSession, token: TriggerToken) -> CycleOut:
+    return _out(service.cancel(session, cycle_id, token.name))

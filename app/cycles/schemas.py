@@ -1,0 +1,62 @@
+"""Shapes of the cycles' REST input and output."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Scalar = int | float | str | bool
+
+
+class CycleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str
+    agent: str | None = Field(default=None, description="sweep (default) or command")
+    experiment: str | None = None
+    parameters: dict[str, Scalar] | None = None
+    changed_hypothesis: str | None = Field(
+        default=None, max_length=4000, description="What changed since the recorded verdict"
+    )
+
+
+class StepOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    attempt: int
+    status: str
+    detail: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class CycleOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    project_id: int
+    state: str
+    agent: str
+    experiment: str | None
+    parameters: dict[str, Any] | None
+    hypothesis: str | None
+    changed_hypothesis: str | None
+    fingerprint: str | None
+    repeat_of: str | None
+    job_id: int | None
+    branch: str | None
+    commit_sha: str | None
+    pr_number: int | None
+    pr_url: str | None
+    verdict: str | None
+    headline: dict[str, Any] | None
+    finding_ids: list[str] | None
+    gpu_seconds: float
+    agent_tokens: int | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    steps: list[StepOut] = Field(default_factory=list)

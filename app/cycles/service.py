@@ -1,0 +1,546 @@
+"""The cycle state machine. `advance(cycle)` is idempotent: each step looks up what is already
+done (a step row per attempt; commits, pushes, PRs and findings looked up before redone) and
+continues, so it can be called again after any crash.
+
+planned → preparing → queued → running → analyzing → committing → publishing → awaiting_review
+→ approved | rejected; other ends: skipped_repeat, deferred_budget, failed, cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import broker
+from app.cycles import agents
+from app.cycles import config as project_config
+from app.db import Stores
+from app.errors import AutopilotError, Conflict, InvalidInput, NotFound, Unavailable
+from app.forge import report
+from app.forge import service as forge_service
+from app.forge.base import ProjectRef
+from app.forge.git import GitWork, slugify
+from app.memory import service as memory
+from app.memory.exceptions import FindingExists
+from app.memory.schemas import Evidence, FindingCreate
+from app.ops import jobs
+from app.ops import service as ops
+from app.ops.models import Cycle, CycleStep, Job, Project
+from app.settings import Settings, redact_text
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("approved", "rejected", "skipped_repeat", "failed", "cancelled")
+WAITING = ("awaiting_review", "deferred_budget")
+LIVE = ("planned", "preparing", "queued", "running", "analyzing", "committing", "publishing")
+MAX_STEP_ATTEMPTS = 5
+
+
+class CycleNotFound(NotFound):
+    slug = "cycle-not-found"
+    title = "Cycle not found"
+
+
+class CycleFinished(Conflict):
+    slug = "cycle-finished"
+    title = "Cycle already ended"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- triggers --------------------------------------------------------------------------------
+
+
+@dataclass
+class Trigger:
+    project: str
+    agent: str | None = None
+    experiment: str | None = None
+    parameters: dict[str, Any] | None = None
+    changed_hypothesis: str | None = None
+    idempotency_key: str | None = None
+    trigger: str = "api"
+
+
+def create(session: Session, trigger: Trigger) -> tuple[Cycle, bool]:
+    """A new planned cycle, or the one an earlier request with the same key created."""
+    if trigger.idempotency_key:
+        existing = session.scalars(
+            select(Cycle).where(Cycle.idempotency_key == trigger.idempotency_key)
+        ).one_or_none()
+        if existing is not None:
+            return existing, False
+    project = ops.get_project(session, trigger.project)
+    if trigger.parameters and not trigger.experiment:
+        raise InvalidInput("parameters were given without the experiment they belong to")
+    agents.for_name(trigger.agent or "sweep")
+    cycle = Cycle(
+        project_id=project.id,
+        state="planned",
+        agent=trigger.agent or "sweep",
+        trigger=trigger.trigger,
+        idempotency_key=trigger.idempotency_key,
+        experiment=trigger.experiment,
+        parameters=trigger.parameters,
+        changed_hypothesis=trigger.changed_hypothesis,
+    )
+    session.add(cycle)
+    session.flush()
+    return cycle, True
+
+
+def get(session: Session, cycle_id: int) -> Cycle:
+    cycle = session.get(Cycle, cycle_id)
+    if cycle is None:
+        raise CycleNotFound(f"no cycle {cycle_id}; list cycles with GET /api/v1/cycles")
+    return cycle
+
+
+def steps(session: Session, cycle_id: int) -> Sequence[CycleStep]:
+    return session.scalars(
+        select(CycleStep).where(CycleStep.cycle_id == cycle_id).order_by(CycleStep.id)
+    ).all()
+
+
+def list_cycles(
+    session: Session, *, project: str | None = None, state: str | None = None, limit: int = 100
+) -> Sequence[Cycle]:
+    query = select(Cycle)
+    if project:
+        query = query.where(Cycle.project_id == ops.get_project(session, project).id)
+    if state:
+        query = query.where(Cycle.state == state)
+    return session.scalars(query.order_by(Cycle.id.desc()).limit(limit)).all()
+
+
+def cancel(session: Session, cycle_id: int, by: str) -> Cycle:
+    cycle = get(session, cycle_id)
+    if cycle.state in TERMINAL:
+        raise CycleFinished(f"cycle {cycle_id} already ended as {cycle.state}")
+    if cycle.job_id is not None:
+        job = session.get(Job, cycle.job_id)
+        if job is not None and job.state not in ("succeeded", "failed", "cancelled"):
+            jobs.cancel(session, job.id, by)
+    _set_state(session, cycle, "cancelled", error=f"cancelled by {by}")
+    return cycle
+
+
+# -- the state machine ------------------------------------------------------------------------
+
+
+class Transient(Exception):
+    """A step failed for a reason that may pass (a push, the forge, the broker): retry later."""
+
+
+@dataclass
+class Machine:
+    stores: Stores
+    settings: Settings
+
+    def advance(self, cycle_id: int) -> str:
+        """Run steps until the cycle waits (for its job, a review, a budget) or ends."""
+        with self._lock(cycle_id):
+            while True:
+                with self.stores.ops_session() as session:
+                    cycle = get(session, cycle_id)
+                    state = cycle.state
+                step = STEPS.get(state)
+                if step is None:
+                    return state
+                attempt = self._begin(cycle_id, state)
+                try:
+                    moved = step(self, cycle_id)
+                except Transient as exc:
+                    self._end(cycle_id, attempt, "retry", str(exc))
+                    if attempt.attempt >= MAX_STEP_ATTEMPTS:
+                        self._fail(
+                            cycle_id, f"{state}: gave up after {attempt.attempt} tries: {exc}"
+                        )
+                        continue
+                    broker.ring_advance(self.settings, cycle_id, countdown=2**attempt.attempt)
+                    return state
+                except AutopilotError as exc:
+                    self._end(cycle_id, attempt, "failed", exc.detail)
+                    self._fail(cycle_id, f"{state}: {exc.detail}")
+                    continue
+                self._end(cycle_id, attempt, "done" if moved else "waiting", None)
+                if not moved:
+                    return state
+
+    @contextlib.contextmanager
+    def _lock(self, cycle_id: int) -> Iterator[None]:
+        # One advancer per cycle at a time on this control host; duplicates wait, then find
+        # the work done. (Several control hosts would use a PostgreSQL advisory lock.)
+        folder = self.settings.state_dir.absolute() / "cycles"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{cycle_id}.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def _begin(self, cycle_id: int, name: str) -> CycleStep:
+        with self.stores.ops_session() as session:
+            previous = session.scalars(
+                select(CycleStep).where(CycleStep.cycle_id == cycle_id, CycleStep.name == name)
+            ).all()
+            waiting = next((s for s in previous if s.status == "waiting"), None)
+            if waiting is not None:  # a wait re-checked is the same attempt, not a new one
+                waiting.status = "started"
+                return waiting
+            row = CycleStep(cycle_id=cycle_id, name=name, attempt=len(previous) + 1)
+            session.add(row)
+            session.flush()
+            session.expunge(row)
+            return row
+
+    def _end(self, cycle_id: int, step: CycleStep, status: str, detail: str | None) -> None:
+        with self.stores.ops_session() as session:
+            row = session.get(CycleStep, step.id)
+            if row is not None:
+                row.status, row.detail = status, redact_text(detail) if detail else None
+                row.finished_at = utcnow() if status != "waiting" else None
+
+    def _fail(self, cycle_id: int, message: str) -> None:
+        with self.stores.ops_session() as session:
+            _set_state(session, get(session, cycle_id), "failed", error=redact_text(message))
+
+    # Each step returns True when it moved the cycle on, False when it has to wait.
+
+    def plan(self, cycle_id: int) -> bool:
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            assert project is not None
+            ref = ProjectRef.of(project)
+            gpu_kind, requested = project.gpu_kind, (cycle.experiment, cycle.parameters)
+            agent_name, changed = cycle.agent, cycle.changed_hypothesis
+            live = _live_fingerprints(session, project.id, exclude=cycle_id)
+            blocked = jobs.blocked_by_budget(session, self.settings, None, project)
+        if blocked:
+            with self.stores.ops_session() as session:
+                _set_state(session, get(session, cycle_id), "deferred_budget", error=blocked)
+            return True
+        config = project_config.load_from_repo(ref.repo_url, ref.default_branch)
+        with self.stores.memory_session() as msession:
+            related = [
+                {"id": f.id, "kind": f.kind, "statement": f.statement}
+                for f in memory.related(msession, ref.name, ref.name, k=8)
+            ]
+
+        def covered(experiment: str, parameters: dict[str, Any]) -> bool:
+            fp = memory.fingerprint(ref.name, experiment, parameters, gpu_kind)
+            if fp in live:
+                return True
+            with self.stores.memory_session() as msession:
+                return memory.check_repeat(msession, fp) is not None
+
+        if requested[0]:
+            experiment = config.experiment(requested[0])
+            params = experiment.check_parameters(dict(requested[1] or {}))
+            proposal = agents.Proposal(
+                hypothesis=changed or f"{requested[0]} at {params} on {gpu_kind}",
+                experiment=requested[0],
+                parameters=params,
+                changes=changed or "",
+            )
+        else:
+            context = agents.Context(ref.name, gpu_kind, config, related, is_covered=covered)
+            found = agents.for_name(agent_name).propose(context)
+            if found is None:
+                raise agents.NothingToPropose(
+                    "every point of the declared parameter space has a recorded verdict or a "
+                    "live cycle; declare new points or state a changed hypothesis"
+                )
+            proposal = found
+        agents.validate(proposal, config)
+        fp = memory.fingerprint(ref.name, proposal.experiment, proposal.parameters, gpu_kind)
+        with self.stores.memory_session() as msession:
+            repeat = memory.check_repeat(msession, fp)
+            repeat_id = repeat.verdict.id if repeat else None
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters
+            cycle.hypothesis, cycle.fingerprint = proposal.hypothesis, fp
+            cycle.proposal, cycle.agent_tokens = proposal.to_json(), proposal.tokens
+            if repeat_id and not changed:
+                # Lesson 5: no repeat without a changed hypothesis.
+                cycle.repeat_of = repeat_id
+                _set_state(
+                    session,
+                    cycle,
+                    "skipped_repeat",
+                    error=f"already judged: finding {repeat_id}; state changed_hypothesis to rerun",
+                )
+            else:
+                cycle.repeat_of = repeat_id
+                _set_state(session, cycle, "preparing")
+        return True
+
+    def _git(self) -> GitWork:
+        return GitWork(self.settings)
+
+    def _worktree(self, cycle: Cycle, project: ProjectRef, forge: Any) -> Any:
+        slug = slugify(f"{cycle.experiment}-{cycle.agent}")
+        return self._git().prepare_worktree(
+            project.name, forge.remote_url(project), project.default_branch, cycle.id, slug
+        )
+
+    def prepare(self, cycle_id: int) -> bool:
+        """Worktree and branch, then the job: all before any GPU is asked for."""
+        forge = forge_service.forge_for(self.settings, self.stores)
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            assert project is not None
+            ref = ProjectRef.of(project)
+            session.expunge(cycle)
+        try:
+            worktree = self._worktree(cycle, ref, forge)
+        except (Unavailable, OSError) as exc:
+            raise Transient(str(exc)) from exc
+        config = project_config.load(worktree.path)
+        ring: int | None = None
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            assert project is not None
+            cycle.worktree, cycle.branch = str(worktree.path), worktree.branch
+            cycle.base_sha = worktree.base_sha
+            if cycle.job_id is None:
+                job = jobs.submit(
+                    session,
+                    self.settings,
+                    project,
+                    config,
+                    str(cycle.experiment),
+                    dict(cycle.parameters or {}),
+                    cycle_id=cycle.id,
+                )
+                job.workdir = str(worktree.path)
+                cycle.job_id = ring = job.id
+            _set_state(session, cycle, "queued")
+        if ring is not None:
+            broker.ring_prepare(self.settings, ring)  # after the commit
+        return True
+
+    def wait_for_job(self, cycle_id: int) -> bool:
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            job = session.get(Job, cycle.job_id) if cycle.job_id else None
+            if job is None:
+                _set_state(session, cycle, "failed", error="the cycle's job is missing")
+                return True
+            if job.state in ("leased", "running"):
+                if cycle.state != "running":
+                    _set_state(session, cycle, "running")
+                return False
+            if job.state == "queued":
+                return False
+            cycle.gpu_seconds = job.gpu_seconds
+            if job.state == "succeeded":
+                _set_state(session, cycle, "analyzing")
+            elif job.state == "cancelled":
+                _set_state(session, cycle, "cancelled", error="its job was cancelled")
+            else:
+                _set_state(session, cycle, "failed", error=f"job {job.id} failed: {job.error}")
+        return True
+
+    def analyze(self, cycle_id: int) -> bool:
+        """Lesson 4: the harness's verdict decides, accuracy gate first."""
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            job = session.get(Job, cycle.job_id) if cycle.job_id else None
+            result = (job.result if job else None) or {}
+            if result.get("status") != "ok":
+                _set_state(session, cycle, "failed", error="the experiment produced no result")
+                return True
+            cycle.verdict = str(result.get("verdict") or "inconclusive")
+            cycle.headline = headline(result)
+            _set_state(session, cycle, "committing")
+        return True
+
+    def commit(self, cycle_id: int) -> bool:
+        forge = forge_service.forge_for(self.settings, self.stores)
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            job = session.get(Job, cycle.job_id) if cycle.job_id else None
+            assert project is not None and job is not None
+            ref, result = ProjectRef.of(project), dict(job.result or {})
+            session.expunge(cycle)
+        worktree = self._worktree(cycle, ref, forge)
+        context = report_context(cycle, ref)
+        sha = forge_service.commit_results(self._git(), worktree, result, context)
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            cycle.commit_sha = sha
+            _set_state(session, cycle, "publishing")
+        return True
+
+    def publish(self, cycle_id: int) -> bool:
+        forge = forge_service.forge_for(self.settings, self.stores)
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            assert project is not None
+            ref = ProjectRef.of(project)
+            session.expunge(cycle)
+        worktree = self._worktree(cycle, ref, forge)
+        title = f"[autopilot] {cycle.experiment}: {cycle.verdict} ({_ratio_text(cycle.headline)})"
+        body = pr_body(cycle)
+        try:
+            pr = forge_service.publish(
+                self._git(), forge, ref, worktree, str(cycle.id), title=title, body=body
+            )
+        except Unavailable as exc:
+            raise Transient(exc.detail) from exc
+        finding_ids = self._record_findings(cycle, ref, pr.url)
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            cycle.pr_number, cycle.pr_url, cycle.finding_ids = pr.number, pr.url, finding_ids
+            _set_state(session, cycle, "awaiting_review")
+        return True
+
+    def _record_findings(self, cycle: Cycle, project: ProjectRef, pr_url: str) -> list[str]:
+        """The verdict and the agent's lessons, as *proposed*: a reviewer's approval validates."""
+        with self.stores.ops_session() as session:
+            device = session.get(Project, cycle.project_id)
+            device_kind = device.gpu_kind if device else "cpu"
+        evidence = Evidence(
+            cycle_id=str(cycle.id),
+            commit=cycle.commit_sha,
+            pr_url=pr_url,
+            result_path=f"{report.results_dir(str(cycle.id))}/result.json",
+        )
+        lessons = list((cycle.proposal or {}).get("proposed_lessons") or [])
+        drafts = [
+            FindingCreate(
+                project=project.name,
+                kind="verdict",
+                statement=verdict_statement(cycle),
+                hypothesis=cycle.hypothesis,
+                fingerprint=cycle.fingerprint,
+                device_kind=device_kind,
+                scope={"parameters": cycle.parameters or {}},
+                metrics=cycle.headline or {},
+                source=pr_url,
+                source_status="verified",
+                evidence=evidence,
+                tags=["autopilot", str(cycle.experiment)],
+            ),
+            *(
+                FindingCreate(
+                    project=project.name,
+                    kind="lesson",
+                    statement=text,
+                    device_kind=device_kind,
+                    source=pr_url,
+                    source_status="verified",
+                    evidence=evidence,
+                )
+                for text in lessons
+            ),
+        ]
+        ids: list[str] = []
+        with self.stores.memory_session() as msession:
+            for draft in drafts:
+                try:
+                    ids.append(memory.create(msession, draft, actor=f"cycle-{cycle.id}").id)
+                except FindingExists as exc:  # recorded before a crash: look it up, not again
+                    ids.append(str(exc.extra.get("finding_id")))
+        return ids
+
+
+STEPS: dict[str, Callable[[Machine, int], bool]] = {
+    "planned": Machine.plan,
+    "preparing": Machine.prepare,
+    "queued": Machine.wait_for_job,
+    "running": Machine.wait_for_job,
+    "analyzing": Machine.analyze,
+    "committing": Machine.commit,
+    "publishing": Machine.publish,
+}
+
+
+def _set_state(session: Session, cycle: Cycle, state: str, error: str | None = None) -> None:
+    cycle.state, cycle.updated_at = state, utcnow()
+    if error is not None:
+        cycle.error = error
+    session.flush()
+
+
+def _live_fingerprints(session: Session, project_id: int, exclude: int) -> set[str]:
+    rows = session.scalars(
+        select(Cycle.fingerprint).where(
+            Cycle.project_id == project_id,
+            Cycle.id != exclude,
+            Cycle.state.in_((*LIVE, "awaiting_review")),
+            Cycle.fingerprint.is_not(None),
+        )
+    ).all()
+    return {fp for fp in rows if fp}
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("ratio", "ci_low", "ci_high", "noise_floor", "verdict")
+    picked = {k: result.get(k) for k in keys if result.get(k) is not None}
+    if isinstance(result.get("headline"), dict):
+        picked = {**result["headline"], **picked}
+    accuracy = result.get("accuracy")
+    if isinstance(accuracy, dict):
+        picked["accuracy_pass"] = all(
+            bool(v.get("pass", True)) for v in accuracy.values() if isinstance(v, dict)
+        )
+    environment = result.get("environment")
+    if isinstance(environment, dict):
+        picked["device"] = environment.get("device_name") or environment.get("device")
+    return picked
+
+
+def _ratio_text(headline_: dict[str, Any] | None) -> str:
+    h = headline_ or {}
+    try:
+        return (
+            f"ratio {float(h['ratio']):.3f} [{float(h['ci_low']):.3f}, {float(h['ci_high']):.3f}]"
+        )
+    except (KeyError, TypeError, ValueError):
+        return "no ratio"
+
+
+def verdict_statement(cycle: Cycle) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
+    return f"{cycle.experiment} ({params}): {cycle.verdict}, {_ratio_text(cycle.headline)}"
+
+
+def report_context(cycle: Cycle, project: ProjectRef) -> report.ReportContext:
+    proposal = cycle.proposal or {}
+    params = " ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
+    return report.ReportContext(
+        cycle_id=str(cycle.id),
+        project=project.name,
+        hypothesis=cycle.hypothesis or "",
+        changes=cycle.changed_hypothesis or str(proposal.get("what_changed") or ""),
+        method="paired, interleaved A/B runs; median ratio with a bootstrap 95% CI; A/A noise "
+        "floor; accuracy gate before speed",
+        lessons=list(proposal.get("proposed_lessons") or []),
+        reproduce=f"autopilot job submit --project {project.name} --experiment "
+        f"{cycle.experiment} " + " ".join(f"--param {p}" for p in params.split()),
+        base_sha=cycle.base_sha,
+    )
+
+
+def pr_body(cycle: Cycle) -> str:
+    return (
+        f"Autopilot cycle {cycle.id}.\n\n**Hypothesis**: {cycle.hypothesis}\n\n"
+        f"**Verdict**: {cycle.verdict}, {_ratio_text(cycle.headline)}\n\n"
+        f"The report is in `{report.results_dir(str(cycle.id))}/REPORT.md`."
+    )

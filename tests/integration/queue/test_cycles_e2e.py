@@ -1,0 +1,60 @@
+"""A whole cycle through the REST API and real workers: trigger → ... → awaiting_review."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.db import Stores
+from app.memory import service as memory
+from app.ops import service as ops
+from app.ops.schemas import ProjectCreate
+from tests.integration.queue.conftest import Workers, make_repo
+from tests.support import bearer, wait_for
+
+
+def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    settings = workers.settings
+    repo = make_repo(tmp_path, "probe-cycle")
+    with stores.ops_session() as session:
+        ops.create_project(session, ProjectCreate(name="probe-cycle", repo_url=str(repo)))
+        _, token = ops.create_token(session, "ci", ["trigger"])
+    workers.start("control", "control", "--beat")
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    with TestClient(create_app(settings, stores)) as client:
+        headers = {**bearer(token), "Idempotency-Key": "k-1"}
+        first = client.post("/api/v1/cycles", json={"project": "probe-cycle"}, headers=headers)
+        assert first.status_code == 201, first.text
+        again = client.post("/api/v1/cycles", json={"project": "probe-cycle"}, headers=headers)
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+        cycle_id = first.json()["id"]
+
+        def ended() -> dict | None:  # type: ignore[type-arg]
+            body = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
+            return body if body["state"] in ("awaiting_review", "failed", "skipped_repeat") else None
+
+        cycle = wait_for(ended, timeout=180)
+        assert cycle["state"] == "awaiting_review", (cycle, workers.logs())
+        assert [s["name"] for s in cycle["steps"]][:2] == ["planned", "preparing"]
+        assert cycle["parameters"] == {"sleep_s": 0.05, "grandchild": 0}  # first sweep point
+        listed = client.get("/api/v1/cycles", headers=bearer(token)).json()
+        assert [c["id"] for c in listed] == [cycle_id]
+
+    # The branch with the report is on the local forge's bare repository.
+    bare = settings.state_dir.absolute() / "forge" / "probe-cycle.git"
+    files = subprocess.run(
+        ["git", "--git-dir", str(bare), "ls-tree", "-r", "--name-only", cycle["branch"]],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    for name in ("result.json", "REPORT.md", "plot.svg"):
+        assert f"results/{cycle_id}/{name}" in files
+    assert cycle["pr_url"] and cycle["pr_number"] == 1
+    with stores.memory_session() as session:
+        findings = [memory.get(session, fid) for fid in cycle["finding_ids"]]
+    assert findings and all(f.status == "proposed" for f in findings)
+    assert findings[0].fingerprint == cycle["fingerprint"]
