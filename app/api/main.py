@@ -10,8 +10,8 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import health, problems
 from app.api.limits import BodySizeLimit
-from app.db import Stores
 from app.cycles.router import router as cycles_router
+from app.db import Stores
 from app.memory.router import router as memory_router
 from app.ops.job_router import router as jobs_router
 from app.ops.router import router as projects_router

@@ -374,7 +374,8 @@ class Machine:
             cycle = get(session, cycle_id)
             project = session.get(Project, cycle.project_id)
             job = session.get(Job, cycle.job_id) if cycle.job_id else None
-            assert project is not None and job is not None
+            assert project is not None
+            assert job is not None
             ref, result = ProjectRef.of(project), dict(job.result or {})
             session.expunge(cycle)
         worktree = self._worktree(cycle, ref, forge)

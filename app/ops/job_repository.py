@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import Select, and_, func, select, update
+from sqlalchemy import ColumnElement, Select, and_, func, select, update
 from sqlalchemy.orm import Session
 
 from app.ops.models import Job, Lease, QueueLock, Worker
@@ -26,21 +26,45 @@ def lock_leasing(session: Session) -> None:
     )
 
 
-def leasable(session: Session, queue: str, limit: int = 20) -> Sequence[Job]:
-    query: Select[Job] = (
-        select(Job)
-        .where(
-            Job.queue == queue,
-            Job.state == "queued",
-            Job.prepared_at.is_not(None),
-            Job.cancel_requested_at.is_(None),
-        )
-        .order_by(Job.order_key, Job.id)
-        .limit(limit)
-    )
+def _waiting(queue: str) -> list[ColumnElement[bool]]:
+    return [
+        Job.queue == queue,
+        Job.state == "queued",
+        Job.prepared_at.is_not(None),
+        Job.cancel_requested_at.is_(None),
+    ]
+
+
+def leasable(
+    session: Session, queue: str, limit: int = 20, exclude_projects: Sequence[int] = ()
+) -> Sequence[Job]:
+    query: Select[Job] = select(Job).where(*_waiting(queue))
+    if exclude_projects:
+        query = query.where(Job.project_id.not_in(exclude_projects))
+    query = query.order_by(Job.order_key, Job.id).limit(limit)
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     return session.scalars(query).all()
+
+
+def set_wait_reason(
+    session: Session, queue: str, reason: str, *, project_id: int | None = None
+) -> None:
+    """Show why the prepared jobs of `queue` (of one project, or all) wait."""
+    query = update(Job).where(*_waiting(queue))
+    if project_id is not None:
+        query = query.where(Job.project_id == project_id)
+    session.execute(
+        query.values(wait_reason=reason[:255]).execution_options(synchronize_session=False)
+    )
+
+
+def clear_wait_reasons(session: Session, queue: str, keep_projects: Sequence[int] = ()) -> None:
+    """A reason that no longer holds is cleared (the job waits only for its turn now)."""
+    query = update(Job).where(*_waiting(queue), Job.wait_reason.is_not(None))
+    if keep_projects:
+        query = query.where(Job.project_id.not_in(keep_projects))
+    session.execute(query.values(wait_reason=None).execution_options(synchronize_session=False))
 
 
 def claim(session: Session, job_id: int, worker: str, now: datetime) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -22,6 +22,7 @@ from app.settings import Settings
 router = APIRouter(tags=["gpu queue"])
 LOG_TAIL_BYTES = 64 * 1024
 FINISHED = ("succeeded", "failed", "cancelled")
+JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)
@@ -52,12 +53,15 @@ def submit_job(
 def list_jobs(
     session: OpsSession,
     _: AnyToken,
-    queue: str | None = None,
-    state: str | None = None,
+    settings: Annotated[Settings, Depends(get_settings)],
+    queue: Annotated[str | None, Query(description="gpu.<kind>")] = None,
+    state: JobState | None = None,
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[JobOut]:
+    if queue is not None:
+        jobs.parse_queue(settings, queue)  # an unknown queue is a 422, not an empty list
     project_id = ops.get_project(session, project).id if project else None
     rows = jobs.list_jobs(
         session, queue=queue, state=state, project_id=project_id, limit=limit, offset=offset
