@@ -5,6 +5,7 @@ from sqlalchemy import engine_from_config, pool
 
 import app.tables  # noqa: F401  (every model registered)
 from app.memory.models import MemoryBase as Base
+from app.memory.models import include_object
 
 config = context.config
 target_metadata = Base.metadata
@@ -16,6 +17,7 @@ def run_offline() -> None:
         target_metadata=target_metadata,
         literal_binds=True,
         render_as_batch=True,
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -42,6 +44,8 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         target_metadata=target_metadata,
         render_as_batch=True,
         compare_type=True,
+        # The search index (FTS5 tables, trigram index) is the migrations' own, not the models'.
+        include_object=include_object,
     )
     with context.begin_transaction():
         context.run_migrations()

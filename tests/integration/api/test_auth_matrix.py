@@ -26,6 +26,17 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("post", "/api/v1/memory/findings/{finding_id}/supersede"): "review",
     ("post", "/api/v1/memory/import"): "admin",
     ("get", "/api/v1/memory/export"): None,
+    ("post", "/api/v1/jobs"): "trigger",
+    ("get", "/api/v1/jobs"): None,
+    ("get", "/api/v1/jobs/{job_id}"): None,
+    ("post", "/api/v1/jobs/{job_id}/cancel"): "trigger",
+    ("get", "/api/v1/jobs/{job_id}/log"): None,
+    ("get", "/api/v1/workers"): None,
+    ("get", "/api/v1/queues"): None,
+    ("post", "/api/v1/cycles"): "trigger",
+    ("get", "/api/v1/cycles"): None,
+    ("get", "/api/v1/cycles/{cycle_id}"): None,
+    ("post", "/api/v1/cycles/{cycle_id}/cancel"): "trigger",
 }
 
 
