@@ -8,6 +8,7 @@ from typing import Literal
 from alembic import command
 from alembic.config import Config
 
+from app.db import make_engine
 from app.settings import Settings
 
 Store = Literal["memory", "ops"]
@@ -27,11 +28,23 @@ def store_url(settings: Settings, store: Store) -> str:
     return settings.memory_database_url if store == "memory" else settings.ops_database_url
 
 
-def upgrade(settings: Settings, revision: str = "head") -> None:
+def _run(settings: Settings, action: str, revision: str) -> None:
     for store in STORES:
-        command.upgrade(alembic_config(store, store_url(settings, store)), revision)
+        url = store_url(settings, store)
+        config = alembic_config(store, url)
+        # Our engine (SQLite dir created, WAL and busy timeout set), not one Alembic makes.
+        engine = make_engine(url)
+        try:
+            with engine.begin() as connection:
+                config.attributes["connection"] = connection
+                getattr(command, action)(config, revision)
+        finally:
+            engine.dispose()
+
+
+def upgrade(settings: Settings, revision: str = "head") -> None:
+    _run(settings, "upgrade", revision)
 
 
 def downgrade(settings: Settings, revision: str = "base") -> None:
-    for store in STORES:
-        command.downgrade(alembic_config(store, store_url(settings, store)), revision)
+    _run(settings, "downgrade", revision)
