@@ -21,6 +21,7 @@ PREPARE_JOB = "autopilot.prepare_job"
 RUN_JOBS = "autopilot.run_jobs"
 REAP = "autopilot.reap"
 ADVANCE_CYCLE = "autopilot.advance_cycle"
+MERGE_CYCLE = "autopilot.merge_cycle"
 
 # A doorbell that waited this long is dropped by the worker; the reaper rings again if the job
 # still needs it, so nothing is lost and stale doorbells do not pile up.
@@ -63,6 +64,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             PREPARE_JOB: {"queue": "prepare"},
             REAP: {"queue": "control"},
             ADVANCE_CYCLE: {"queue": "control"},
+            MERGE_CYCLE: {"queue": "control"},
             # RUN_JOBS is sent to the job's own gpu.<kind> queue explicitly.
         },
         # The DB holds results and state; a result backend would be a second truth.
@@ -142,4 +144,10 @@ def ring_advance(settings: Settings, cycle_id: int, countdown: float | None = No
         queue="control",
         expires=DOORBELL_EXPIRES_S,
         countdown=countdown,
+    )
+
+
+def ring_merge(settings: Settings, cycle_id: int) -> None:
+    client(settings).send_task(
+        MERGE_CYCLE, args=[cycle_id], queue="control", expires=DOORBELL_EXPIRES_S
     )

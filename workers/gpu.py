@@ -357,6 +357,7 @@ class Heartbeat:
         self.loop, self.job_id = loop, job_id
         self.pgid: int | None = None
         self.cancelled = False
+        self._killed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
 
@@ -380,8 +381,11 @@ class Heartbeat:
             except Exception:  # a DB hiccup: keep the job, try again next beat
                 log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
                 continue
-            if wanted and not self.cancelled:
+            if wanted:
                 self.cancelled = True
+            # A cancel seen before the spawn (pgid unknown yet) is acted on at the next beat.
+            if self.cancelled and not self._killed and self.pgid is not None:
+                self._killed = True
                 self._kill()
 
     def _kill(self) -> None:

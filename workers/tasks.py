@@ -48,3 +48,10 @@ def advance_cycle(cycle_id: int) -> str:
     from app.cycles.service import Machine
 
     return Machine(stores(), get_settings()).advance(cycle_id)
+
+
+@celery.task(name=broker.MERGE_CYCLE)
+def merge_cycle(cycle_id: int) -> str:
+    from app.cycles.service import Machine, merge_approved
+
+    return merge_approved(Machine(stores(), get_settings()), cycle_id)

@@ -21,20 +21,38 @@ class BodySizeLimit:
             await self._refuse(send)
             return
         seen = 0
+        refused = started = False
 
         async def limited() -> Message:
-            nonlocal seen
+            # A chunked body has no declared length: count it as it arrives. On overflow the 413
+            # goes out from here and the app sees a disconnect; raising instead would surface
+            # inside the framework's body parsing as a 400 "error parsing the body".
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    refused = True
+                    if not started:
+                        await self._refuse(send)
+                    return {"type": "http.disconnect"}
             return message
 
+        async def guarded(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 is the answer; what the app says after the disconnect is dropped
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
         try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
+            await self.app(scope, limited, guarded)
+        except Exception:
+            if not refused:  # after a refusal the app's error is the disconnect's echo
+                raise
 
     async def _refuse(self, send: Send) -> None:
         body = (
@@ -54,7 +72,3 @@ class BodySizeLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass

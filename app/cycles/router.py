@@ -7,9 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Response, status
 
 from app import broker
-from app.api.deps import AnyToken, OpsSession, TriggerToken, get_settings, get_stores
+from app.api.deps import (
+    AnyToken,
+    OpsSession,
+    ReviewToken,
+    TriggerToken,
+    get_settings,
+    get_stores,
+)
 from app.cycles import service
-from app.cycles.schemas import CycleCreate, CycleOut, StepOut
+from app.cycles.schemas import CycleCreate, CycleOut, ReviewDecision, StepOut
 from app.db import Stores
 from app.settings import Settings
 
@@ -66,3 +73,25 @@ def get_cycle(cycle_id: int, session: OpsSession, _: AnyToken) -> CycleOut:
 @router.post("/{cycle_id}/cancel", response_model=CycleOut)
 def cancel_cycle(cycle_id: int, session: OpsSession, token: TriggerToken) -> CycleOut:
     return _out(service.cancel(session, cycle_id, token.name))
+
+
+@router.post("/{cycle_id}/review", response_model=CycleOut)
+def review_cycle(
+    cycle_id: int,
+    body: ReviewDecision,
+    token: ReviewToken,
+    stores: Annotated[Stores, Depends(get_stores)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> CycleOut:
+    """Approve (validates the findings; optionally merges) or reject (refutes them)."""
+    service.review(
+        stores,
+        settings,
+        cycle_id,
+        approve=body.decision == "approve",
+        note=body.note,
+        actor=token.name,
+        merge=body.merge,
+    )
+    with stores.ops_session() as session:
+        return _out(service.get(session, cycle_id), service.steps(session, cycle_id))

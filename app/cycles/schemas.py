@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,3 +60,11 @@ class CycleOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     steps: list[StepOut] = Field(default_factory=list)
+
+
+class ReviewDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"]
+    note: str = Field(default="", max_length=10_000)
+    merge: bool = Field(default=False, description="On approve: merge the PR (re-validated)")

@@ -339,6 +339,36 @@ class GitWork:
             base_sha = self.git.run(["merge-base", "HEAD", base_tip], path)
         return Worktree(project, path, branch, base, base_sha, mirror)
 
+    def merged_checkout(self, project: str, url: str, head: str, base_sha: str, dest: Path) -> Path:
+        """A detached checkout of `head` merged onto `base_sha`: what a merge would produce,
+        for re-validating a result on a base that moved. Raises GitFailed on a conflict."""
+        check_branch_name(head)
+        if not all(c in "0123456789abcdef" for c in base_sha) or len(base_sha) < 7:
+            raise InvalidRef(f"{base_sha!r} is not a commit sha")
+        mirror = self.fetch(project, url)
+        with repo_lock(mirror):
+            if dest.exists():
+                shutil.rmtree(dest)
+            self.git.run(["worktree", "prune"], mirror)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.git.run(
+                ["worktree", "add", "--quiet", "--detach", "--end-of-options", str(dest), base_sha],
+                mirror,
+            )
+            self.git.run(
+                [
+                    "merge",
+                    "--quiet",
+                    "--no-ff",
+                    "--no-edit",
+                    "--end-of-options",
+                    f"{REMOTE_PREFIX}{head}",
+                ],
+                dest,
+                identity=True,
+            )
+        return dest
+
     def remove_worktree(self, worktree: Worktree) -> None:
         """Drop the checkout (after the push); the branch stays in the mirror and the remote."""
         with repo_lock(worktree.mirror):

@@ -37,6 +37,7 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("get", "/api/v1/cycles"): None,
     ("get", "/api/v1/cycles/{cycle_id}"): None,
     ("post", "/api/v1/cycles/{cycle_id}/cancel"): "trigger",
+    ("post", "/api/v1/cycles/{cycle_id}/review"): "review",
 }
 
 
@@ -62,7 +63,11 @@ def test_every_route_has_a_scope_rule(client: TestClient) -> None:
 
 @pytest.mark.parametrize("presented", ["none", "garbage", "revoked"])
 def test_unauthenticated_is_401(client: TestClient, tokens: dict[str, str], presented: str) -> None:
-    headers = {"none": {}, "garbage": bearer("ap_not-a-token"), "revoked": bearer(tokens["revoked"])}
+    headers = {
+        "none": {},
+        "garbage": bearer("ap_not-a-token"),
+        "revoked": bearer(tokens["revoked"]),
+    }
     for method, path in api_routes(client):
         response = client.request(method, concrete(path), headers=headers[presented], json={})
         assert response.status_code == 401, (method, path, presented)

@@ -24,6 +24,7 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
     with stores.ops_session() as session:
         ops.create_project(session, ProjectCreate(name="probe-cycle", repo_url=str(repo)))
         _, token = ops.create_token(session, "ci", ["trigger"])
+        _, reviewer = ops.create_token(session, "rev", ["review"])
     workers.start("control", "control", "--beat")
     workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
     with TestClient(create_app(settings, stores)) as client:
@@ -58,3 +59,32 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
         findings = [memory.get(session, fid) for fid in cycle["finding_ids"]]
     assert findings and all(f.status == "proposed" for f in findings)
     assert findings[0].fingerprint == cycle["fingerprint"]
+
+    # Approval validates the findings and notes the decision on the PR; the same point again
+    # is then a repeat without a changed hypothesis, and is skipped.
+    with TestClient(create_app(settings, stores)) as client:
+        denied = client.post(f"/api/v1/cycles/{cycle_id}/review", headers=bearer(token),
+                             json={"decision": "approve"})
+        assert denied.status_code == 403
+        decided = client.post(f"/api/v1/cycles/{cycle_id}/review", headers=bearer(reviewer),
+                              json={"decision": "approve", "note": "numbers look right"})
+        assert decided.status_code == 200, decided.text
+        assert decided.json()["state"] == "approved"
+        again = client.post(f"/api/v1/cycles/{cycle_id}/review", headers=bearer(reviewer),
+                            json={"decision": "reject", "note": "changed my mind"})
+        assert again.status_code == 409
+        repeat = client.post("/api/v1/cycles", headers=bearer(token), json={
+            "project": "probe-cycle", "experiment": "probe", "parameters": cycle["parameters"]})
+        repeat_id = repeat.json()["id"]
+        skipped = wait_for(lambda: (body := client.get(f"/api/v1/cycles/{repeat_id}",
+                                    headers=bearer(token)).json())["state"] != "planned" and body)
+        assert skipped["state"] == "skipped_repeat"
+        assert skipped["repeat_of"] == cycle["finding_ids"][0]
+    with stores.memory_session() as session:
+        assert memory.get(session, cycle["finding_ids"][0]).status == "validated"
+    from app.forge.local import LocalForge
+    from app.forge.base import ProjectRef
+
+    comments = LocalForge(settings, stores).comments(
+        ProjectRef("probe-cycle", str(repo)), cycle["pr_number"])
+    assert any("numbers look right" in c for c in comments)
