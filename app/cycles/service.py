@@ -9,9 +9,9 @@ planned → preparing → queued → running → analyzing → committing → pu
 from __future__ import annotations
 
 import contextlib
-import time
 import fcntl
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime

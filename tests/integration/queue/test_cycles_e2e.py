@@ -82,8 +82,8 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
         assert skipped["repeat_of"] == cycle["finding_ids"][0]
     with stores.memory_session() as session:
         assert memory.get(session, cycle["finding_ids"][0]).status == "validated"
-    from app.forge.local import LocalForge
     from app.forge.base import ProjectRef
+    from app.forge.local import LocalForge
 
     comments = LocalForge(settings, stores).comments(
         ProjectRef("probe-cycle", str(repo)), cycle["pr_number"])
