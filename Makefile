@@ -23,9 +23,10 @@ $(STAMP): pyproject.toml experiments/harness/pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps -e ./experiments/harness
 	touch $(STAMP)
 
+# One whole demo cycle on the embedded defaults; the service then stays up for review.
 run: install
 	$(BIN)/autopilot db upgrade
-	$(BIN)/autopilot serve
+	$(BIN)/autopilot demo
 
 lint: install
 	$(BIN)/ruff check .

@@ -15,7 +15,9 @@ from app import migrate
 from app.db import Stores
 from app.errors import AutopilotError
 from app.memory.cli import memory_app
+from app.observability import configure_logging, status_command
 from app.ops import service as ops
+from app.ops.job_cli import job_app
 from app.ops.schemas import SCOPES, ProjectCreate, TokenOut
 from app.settings import Settings, describe_validation_error
 
@@ -34,6 +36,8 @@ cli.add_typer(token_app, name="token")
 cli.add_typer(config_app, name="config")
 cli.add_typer(project_app, name="project")
 cli.add_typer(memory_app, name="memory")
+cli.add_typer(job_app, name="job")
+cli.command("status")(status_command)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -73,8 +77,10 @@ def serve(
     from app.api.main import create_app
 
     settings = load_settings()
+    configure_logging(settings)
     uvicorn.run(
         create_app(settings),
+        log_config=None,  # keep our JSON handler with secret masking
         host=host or settings.host,
         port=port or settings.port,
         log_level=settings.log_level.lower(),

@@ -8,9 +8,13 @@ GPU-free), `gpu.<kind>` (one worker per GPU, concurrency 1). The reliability set
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import setup_logging
 
 from app.broker import celery_config
+from app.observability import configure_logging
 from app.settings import get_settings
 
 celery = Celery("autopilot", include=["workers.tasks"])
 celery.conf.update(celery_config(get_settings()))
+# Celery's own logging set-up is skipped: our JSON handler (with secret masking) is used.
+setup_logging.connect(lambda **_: configure_logging(get_settings()), weak=False)

@@ -6,12 +6,14 @@ It lives in `workers` so that `app` never imports `workers` (dependencies point 
 from __future__ import annotations
 
 from app.cli import cli
+from workers.demo import demo_command
 from workers.launcher.cli import doctor_app
 from workers.worker_cli import beat_command, worker_app
 
 cli.add_typer(doctor_app, name="doctor")
 cli.add_typer(worker_app, name="worker")
 cli.command("beat")(beat_command)
+cli.command("demo")(demo_command)
 
 
 def main() -> None:

@@ -36,6 +36,13 @@ from workers.launcher import guard, runner, runtime, venv
 log = logging.getLogger(__name__)
 HARNESS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "harness"
 CLEANUP_BATCH = 8
+# Fields prepare_job adds to a job's spec for the runner; the experiment never sees them.
+RUNNER_SPEC_KEYS = frozenset({"entry", "socket_suffix_len", "requirements_hash"})
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""
 
 
 @dataclass
@@ -299,7 +306,7 @@ class RunLoop:
         elif outcome.returncode != 0:
             state = "failed"
             message = f"exited with {outcome.signal or outcome.returncode}: " + (
-                outcome.stderr.strip().splitlines()[-1] if outcome.stderr.strip() else "no output"
+                _last_line(outcome.stderr) or _last_line(outcome.stdout) or "no output"
             )
         elif outcome.result_error:
             state, message = "failed", outcome.result_error
@@ -343,7 +350,8 @@ class Ticket:
             entry=str(job.spec["entry"]),
             workdir=str(job.workdir),
             venv=str(job.venv_path),
-            spec=dict(job.spec),
+            # What the experiment sees: the runner's own fields stay with the runner.
+            spec={k: v for k, v in job.spec.items() if k not in RUNNER_SPEC_KEYS},
             time_limit_s=job.time_limit_s,
             suffix_len=int(job.spec.get("socket_suffix_len", 40)),
             requirements_hash=job.spec.get("requirements_hash"),

@@ -13,6 +13,7 @@ from app.api.limits import BodySizeLimit
 from app.cycles.router import router as cycles_router
 from app.db import Stores
 from app.memory.router import router as memory_router
+from app.observability import metrics_router
 from app.ops.job_router import router as jobs_router
 from app.ops.router import router as projects_router
 from app.settings import Settings, get_settings
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
         )
     app.include_router(health.router)
+    app.include_router(metrics_router)  # /metrics, public like /healthz
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(projects_router)
     api.include_router(memory_router)

@@ -674,4 +674,3 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
 
 def ref_id(session: Session, name: str) -> int:
     return ops.get_project(session, name).id
-

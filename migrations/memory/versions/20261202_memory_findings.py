@@ -136,7 +136,9 @@ def upgrade() -> None:
             "CREATE VIRTUAL TABLE finding_fts USING fts5("
             "finding_id UNINDEXED, statement, tokenize='trigram')"
         )
-        op.execute("INSERT INTO finding_fts(finding_id, statement) SELECT id, statement FROM finding")
+        op.execute(
+            "INSERT INTO finding_fts(finding_id, statement) SELECT id, statement FROM finding"
+        )
         _sqlite_triggers()
     else:
         op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")

@@ -44,7 +44,7 @@ json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": param
           open(os.environ["AUTOPILOT_RESULT"], "w"))
 '''
 
-CONFIG = '''
+CONFIG = """
 [project]
 name = "{name}"
 gpu_kind = "cpu"
@@ -61,7 +61,7 @@ grandchild = [0, 1]
 [experiments.probe.defaults]
 sleep_s = 0.05
 grandchild = 0
-'''
+"""
 
 
 def make_repo(root: Path, name: str) -> Path:
@@ -99,34 +99,36 @@ def broker_url(request: pytest.FixtureRequest, backend: Backend) -> str:
 
 
 @pytest.fixture
-def queue_settings(
-    settings: Settings, broker_url: str, shared_venv_root: Path
-) -> Settings:
-    return settings.model_copy(update={
-        "broker_url": broker_url,
-        "venv_system_site_packages": True,
-        "venv_root": shared_venv_root,
-        "lease_ttl_s": 5.0,
-        "heartbeat_interval_s": 0.5,
-        "reaper_interval_s": 1.0,
-        "doorbell_stale_s": 2.0,
-    })
+def queue_settings(settings: Settings, broker_url: str, shared_venv_root: Path) -> Settings:
+    return settings.model_copy(
+        update={
+            "broker_url": broker_url,
+            "venv_system_site_packages": True,
+            "venv_root": shared_venv_root,
+            "lease_ttl_s": 5.0,
+            "heartbeat_interval_s": 0.5,
+            "reaper_interval_s": 1.0,
+            "doorbell_stale_s": 2.0,
+        }
+    )
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
-    env.update({
-        "AUTOPILOT_STATE_DIR": str(settings.state_dir),
-        "AUTOPILOT_MEMORY_URL": settings.memory_database_url,
-        "AUTOPILOT_OPS_URL": settings.ops_database_url,
-        "AUTOPILOT_BROKER_URL": settings.broker_url,
-        "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": "true",
-        "AUTOPILOT_VENV_ROOT": str(settings.venv_root),
-        "AUTOPILOT_LEASE_TTL_S": str(settings.lease_ttl_s),
-        "AUTOPILOT_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
-        "AUTOPILOT_REAPER_INTERVAL_S": str(settings.reaper_interval_s),
-        "AUTOPILOT_DOORBELL_STALE_S": str(settings.doorbell_stale_s),
-    })
+    env.update(
+        {
+            "AUTOPILOT_STATE_DIR": str(settings.state_dir),
+            "AUTOPILOT_MEMORY_URL": settings.memory_database_url,
+            "AUTOPILOT_OPS_URL": settings.ops_database_url,
+            "AUTOPILOT_BROKER_URL": settings.broker_url,
+            "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": "true",
+            "AUTOPILOT_VENV_ROOT": str(settings.venv_root),
+            "AUTOPILOT_LEASE_TTL_S": str(settings.lease_ttl_s),
+            "AUTOPILOT_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
+            "AUTOPILOT_REAPER_INTERVAL_S": str(settings.reaper_interval_s),
+            "AUTOPILOT_DOORBELL_STALE_S": str(settings.doorbell_stale_s),
+        }
+    )
     return env
 
 
@@ -140,8 +142,11 @@ class Workers:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "worker", *args, "--loglevel", "WARNING"],
-            env=settings_env(self.settings), stdout=log, stderr=subprocess.STDOUT,
-            cwd=self.settings.state_dir, start_new_session=True,
+            env=settings_env(self.settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.settings.state_dir,
+            start_new_session=True,
         )
         self.procs[name] = proc
         return proc

@@ -37,7 +37,9 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
 
         def ended() -> dict | None:  # type: ignore[type-arg]
             body = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
-            return body if body["state"] in ("awaiting_review", "failed", "skipped_repeat") else None
+            return (
+                body if body["state"] in ("awaiting_review", "failed", "skipped_repeat") else None
+            )
 
         cycle = wait_for(ended, timeout=180)
         assert cycle["state"] == "awaiting_review", (cycle, workers.logs())
@@ -50,7 +52,9 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
     bare = settings.state_dir.absolute() / "forge" / "probe-cycle.git"
     files = subprocess.run(
         ["git", "--git-dir", str(bare), "ls-tree", "-r", "--name-only", cycle["branch"]],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     for name in ("result.json", "REPORT.md", "plot.svg"):
         assert f"results/{cycle_id}/{name}" in files
@@ -63,21 +67,42 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
     # Approval validates the findings and notes the decision on the PR; the same point again
     # is then a repeat without a changed hypothesis, and is skipped.
     with TestClient(create_app(settings, stores)) as client:
-        denied = client.post(f"/api/v1/cycles/{cycle_id}/review", headers=bearer(token),
-                             json={"decision": "approve"})
+        denied = client.post(
+            f"/api/v1/cycles/{cycle_id}/review", headers=bearer(token), json={"decision": "approve"}
+        )
         assert denied.status_code == 403
-        decided = client.post(f"/api/v1/cycles/{cycle_id}/review", headers=bearer(reviewer),
-                              json={"decision": "approve", "note": "numbers look right"})
+        decided = client.post(
+            f"/api/v1/cycles/{cycle_id}/review",
+            headers=bearer(reviewer),
+            json={"decision": "approve", "note": "numbers look right"},
+        )
         assert decided.status_code == 200, decided.text
         assert decided.json()["state"] == "approved"
-        again = client.post(f"/api/v1/cycles/{cycle_id}/review", headers=bearer(reviewer),
-                            json={"decision": "reject", "note": "changed my mind"})
+        again = client.post(
+            f"/api/v1/cycles/{cycle_id}/review",
+            headers=bearer(reviewer),
+            json={"decision": "reject", "note": "changed my mind"},
+        )
         assert again.status_code == 409
-        repeat = client.post("/api/v1/cycles", headers=bearer(token), json={
-            "project": "probe-cycle", "experiment": "probe", "parameters": cycle["parameters"]})
+        repeat = client.post(
+            "/api/v1/cycles",
+            headers=bearer(token),
+            json={
+                "project": "probe-cycle",
+                "experiment": "probe",
+                "parameters": cycle["parameters"],
+            },
+        )
         repeat_id = repeat.json()["id"]
-        skipped = wait_for(lambda: (body := client.get(f"/api/v1/cycles/{repeat_id}",
-                                    headers=bearer(token)).json())["state"] != "planned" and body)
+        skipped = wait_for(
+            lambda: (
+                (body := client.get(f"/api/v1/cycles/{repeat_id}", headers=bearer(token)).json())[
+                    "state"
+                ]
+                != "planned"
+                and body
+            )
+        )
         assert skipped["state"] == "skipped_repeat"
         assert skipped["repeat_of"] == cycle["finding_ids"][0]
     with stores.memory_session() as session:
@@ -86,5 +111,6 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
     from app.forge.local import LocalForge
 
     comments = LocalForge(settings, stores).comments(
-        ProjectRef("probe-cycle", str(repo)), cycle["pr_number"])
+        ProjectRef("probe-cycle", str(repo)), cycle["pr_number"]
+    )
     assert any("numbers look right" in c for c in comments)

@@ -21,8 +21,11 @@ FINISHED = ("succeeded", "failed", "cancelled")
 def submit(stores: Stores, workers: Workers, repo: Path, **params: object) -> int:
     settings = workers.settings
     with stores.ops_session() as session:
-        project = ops.get_project(session, repo.name) if _exists(session, repo.name) else \
-            ops.create_project(session, ProjectCreate(name=repo.name, repo_url=str(repo)))
+        project = (
+            ops.get_project(session, repo.name)
+            if _exists(session, repo.name)
+            else ops.create_project(session, ProjectCreate(name=repo.name, repo_url=str(repo)))
+        )
         cfg = project_config.load_from_repo(str(repo), "main")
         job_id = jobs.submit(session, settings, project, cfg, "probe", dict(params)).id
     broker.ring_prepare(settings, job_id)
@@ -60,8 +63,11 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
     job_id = submit(stores, workers, repo, sleep_s=0.05)
     done = wait_for(lambda: finished(stores, job_id), timeout=120)
     assert done.state == "succeeded", (done.error, workers.logs())
-    assert done.result == {"status": "ok", "experiment": "probe",
-                           "parameters": {"sleep_s": 0.05, "grandchild": 0}}
+    assert done.result == {
+        "status": "ok",
+        "experiment": "probe",
+        "parameters": {"sleep_s": 0.05, "grandchild": 0},
+    }
     assert done.attempts == 1 and done.first_line_at is not None
     assert len(runs(workers, job_id)) == 1
     with stores.ops_session() as session:
@@ -69,7 +75,9 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
         assert worker.kind == "cpu" and worker.current_job_id is None
 
 
-def test_sigkill_mid_job_completes_exactly_once(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+def test_sigkill_mid_job_completes_exactly_once(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
     repo = make_repo(tmp_path, "probe-k")
     workers.start("control", "control", "--beat")
     for round_ in range(2):
@@ -109,7 +117,9 @@ def test_duplicate_doorbells_are_no_ops(workers: Workers, stores: Stores, tmp_pa
     assert job(stores, job_id).attempts == 1
 
 
-def test_cancel_running_job_kills_its_tree(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+def test_cancel_running_job_kills_its_tree(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
     repo = make_repo(tmp_path, "probe-c")
     workers.start("control", "control")
     workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
