@@ -22,6 +22,7 @@ RUN_JOBS = "autopilot.run_jobs"
 REAP = "autopilot.reap"
 ADVANCE_CYCLE = "autopilot.advance_cycle"
 MERGE_CYCLE = "autopilot.merge_cycle"
+SCHEDULE_TICK = "autopilot.schedule_tick"
 
 # A doorbell that waited this long is dropped by the worker; the reaper rings again if the job
 # still needs it, so nothing is lost and stale doorbells do not pile up.
@@ -65,6 +66,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             REAP: {"queue": "control"},
             ADVANCE_CYCLE: {"queue": "control"},
             MERGE_CYCLE: {"queue": "control"},
+            SCHEDULE_TICK: {"queue": "control"},
             # RUN_JOBS is sent to the job's own gpu.<kind> queue explicitly.
         },
         # The DB holds results and state; a result backend would be a second truth.
@@ -79,6 +81,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
         "beat_schedule": {
+            "schedule": {
+                "task": SCHEDULE_TICK,
+                "schedule": settings.schedule_tick_s,
+                "options": {"expires": settings.schedule_tick_s * 2},
+            },
             "reap": {
                 "task": REAP,
                 "schedule": settings.reaper_interval_s,

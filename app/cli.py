@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from app import migrate
+from app.cycles.cli import cycle_app, project_add
 from app.db import Stores
 from app.errors import AutopilotError
 from app.memory.cli import memory_app
@@ -37,6 +38,8 @@ cli.add_typer(config_app, name="config")
 cli.add_typer(project_app, name="project")
 cli.add_typer(memory_app, name="memory")
 cli.add_typer(job_app, name="job")
+cli.add_typer(cycle_app, name="cycle")
+project_app.command("add")(project_add)
 cli.command("status")(status_command)
 
 

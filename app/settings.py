@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     lease_ttl_s: float = Field(default=30.0, gt=0, description="A lease lapses unless renewed.")
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     reaper_interval_s: float = Field(default=10.0, gt=0)
+    schedule_tick_s: float = Field(
+        default=60.0, gt=0, description="How often beat checks schedules."
+    )
     doorbell_stale_s: float = Field(
         default=30.0, gt=0, description="Re-send the doorbell of a job waiting this long."
     )
@@ -63,6 +66,14 @@ class Settings(BaseSettings):
     budget_concurrent_gpus: int | None = Field(default=None, ge=1)
     # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.
     venv_system_site_packages: bool = False
+    fault_exit_after_step: str | None = Field(
+        default=None,
+        description="Fault injection for the reliability tests: the process advancing a cycle "
+        "exits hard right after this step commits. Never set in production.",
+    )
+    max_live_cycles_per_project: int = Field(
+        default=20, ge=1, description="A trigger beyond this many unfinished cycles gets 429."
+    )
     venv_root: Path | None = Field(
         default=None, description="Where project venvs are built; default: the state dir."
     )

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import git
 
 from app import broker
 from app.cycles import config as project_config
+from app.cycles import service as cycles
 from app.db import Stores
 from app.ops import jobs
 from app.ops.models import Job, Project
@@ -423,6 +424,11 @@ def reap(stores: Stores, settings: Settings) -> jobs.Reaped:
     """Requeue lapsed leases, then ring the doorbells of jobs that waited too long."""
     with stores.ops_session() as session:
         reaped = jobs.reap(session, settings)
+        stale_cycles = cycles.stale(
+            session, jobs.utcnow() - timedelta(seconds=settings.doorbell_stale_s)
+        )
+    for cycle_id in stale_cycles:
+        broker.ring_advance(settings, cycle_id)
     for job_id in reaped.prepare_doorbells:
         broker.ring_prepare(settings, job_id)
     for queue in reaped.run_doorbells:

@@ -55,3 +55,14 @@ def merge_cycle(cycle_id: int) -> str:
     from app.cycles.service import Machine, merge_approved
 
     return merge_approved(Machine(stores(), get_settings()), cycle_id)
+
+
+@celery.task(name=broker.SCHEDULE_TICK)
+def schedule_tick() -> list[int]:
+    from app.cycles import service as cycles
+
+    with stores().ops_session() as session:
+        due = cycles.schedule_tick(session, get_settings())
+    for cycle_id in due:  # after the commit
+        broker.ring_advance(get_settings(), cycle_id)
+    return due

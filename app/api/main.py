@@ -10,6 +10,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import health, problems
 from app.api.limits import BodySizeLimit
+from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.db import Stores
 from app.memory.router import router as memory_router
@@ -56,5 +57,6 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api.include_router(memory_router)
     api.include_router(jobs_router)
     api.include_router(cycles_router)
+    api.include_router(autopilot_router)
     app.include_router(api)
     return app

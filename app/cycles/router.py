@@ -16,7 +16,14 @@ from app.api.deps import (
     get_stores,
 )
 from app.cycles import service
-from app.cycles.schemas import CycleCreate, CycleOut, ReviewDecision, StepOut
+from app.cycles.schemas import (
+    AutopilotOut,
+    AutopilotSet,
+    CycleCreate,
+    CycleOut,
+    ReviewDecision,
+    StepOut,
+)
 from app.db import Stores
 from app.settings import Settings
 
@@ -49,6 +56,7 @@ def trigger_cycle(
                 changed_hypothesis=body.changed_hypothesis,
                 idempotency_key=f"{token.name}:{idempotency_key}" if idempotency_key else None,
             ),
+            max_live=settings.max_live_cycles_per_project,
         )
         out = _out(cycle)
     if created:
@@ -95,3 +103,16 @@ def review_cycle(
     )
     with stores.ops_session() as session:
         return _out(service.get(session, cycle_id), service.steps(session, cycle_id))
+
+
+autopilot_router = APIRouter(prefix="/projects", tags=["projects"])
+
+
+@autopilot_router.post("/{name}/autopilot", response_model=AutopilotOut)
+def set_autopilot(
+    name: str, body: AutopilotSet, session: OpsSession, _: TriggerToken
+) -> AutopilotOut:
+    """Start or stop a project's schedule (`every 2h` or a cron expression)."""
+    return AutopilotOut.model_validate(
+        service.set_autopilot(session, name, body.enabled, body.schedule)
+    )

@@ -68,3 +68,21 @@ class ReviewDecision(BaseModel):
     decision: Literal["approve", "reject"]
     note: str = Field(default="", max_length=10_000)
     merge: bool = Field(default=False, description="On approve: merge the PR (re-validated)")
+
+
+class AutopilotSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool
+    schedule: str | None = Field(
+        default=None, max_length=64, description="'every 2h' or a cron expression"
+    )
+
+
+class AutopilotOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    autopilot_enabled: bool
+    schedule: str | None
+    last_scheduled_at: datetime | None

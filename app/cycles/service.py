@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import broker
@@ -50,6 +51,12 @@ class CycleNotFound(NotFound):
     title = "Cycle not found"
 
 
+class TooManyCycles(AutopilotError):
+    status = 429
+    slug = "too-many-cycles"
+    title = "Too many unfinished cycles"
+
+
 class CycleFinished(Conflict):
     slug = "cycle-finished"
     title = "Cycle already ended"
@@ -73,8 +80,11 @@ class Trigger:
     trigger: str = "api"
 
 
-def create(session: Session, trigger: Trigger) -> tuple[Cycle, bool]:
-    """A new planned cycle, or the one an earlier request with the same key created."""
+def create(session: Session, trigger: Trigger, max_live: int | None = None) -> tuple[Cycle, bool]:
+    """A new planned cycle, or the one an earlier request with the same key created.
+
+    A flood of triggers is refused (429) once a project has `max_live` unfinished cycles: the
+    queue and both budgets stay bounded, and nothing is left half-made."""
     if trigger.idempotency_key:
         existing = session.scalars(
             select(Cycle).where(Cycle.idempotency_key == trigger.idempotency_key)
@@ -82,6 +92,20 @@ def create(session: Session, trigger: Trigger) -> tuple[Cycle, bool]:
         if existing is not None:
             return existing, False
     project = ops.get_project(session, trigger.project)
+    if max_live is not None:
+        live = (
+            session.scalar(
+                select(func.count())
+                .select_from(Cycle)
+                .where(Cycle.project_id == project.id, Cycle.state.in_(LIVE))
+            )
+            or 0
+        )
+        if live >= max_live:
+            raise TooManyCycles(
+                f"project {project.name!r} has {live} unfinished cycles (limit {max_live}, "
+                "AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT); retry when some have finished"
+            )
     if trigger.parameters and not trigger.experiment:
         raise InvalidInput("parameters were given without the experiment they belong to")
     agents.for_name(trigger.agent or "sweep")
@@ -98,6 +122,18 @@ def create(session: Session, trigger: Trigger) -> tuple[Cycle, bool]:
     session.add(cycle)
     session.flush()
     return cycle, True
+
+
+def stale(session: Session, older_than: datetime) -> list[int]:
+    """Cycles whose doorbell may have been lost: a step to run, nothing heard since."""
+    return list(
+        session.scalars(
+            select(Cycle.id).where(
+                Cycle.state.in_(("planned", "preparing", "analyzing", "committing", "publishing")),
+                Cycle.updated_at < older_than,
+            )
+        ).all()
+    )
 
 
 def get(session: Session, cycle_id: int) -> Cycle:
@@ -175,6 +211,8 @@ class Machine:
                     self._fail(cycle_id, f"{state}: {exc.detail}")
                     continue
                 self._end(cycle_id, attempt, "done" if moved else "waiting", None)
+                if moved and self.settings.fault_exit_after_step == state:
+                    os._exit(137)  # a crash at the worst moment, for the reliability tests
                 if not moved:
                     return state
 
@@ -674,3 +712,56 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
 
 def ref_id(session: Session, name: str) -> int:
     return ops.get_project(session, name).id
+
+
+# -- the schedule ------------------------------------------------------------------------------
+
+
+def set_autopilot(session: Session, name: str, enabled: bool, schedule: str | None) -> Project:
+    """Start or stop a project's schedule; starting needs a schedule (given or stored)."""
+    from app.cycles import schedule as schedules
+
+    project = ops.get_project(session, name)
+    if schedule is not None:
+        schedules.parse(schedule)
+        project.schedule = schedule
+    if enabled and not project.schedule:
+        raise InvalidInput("schedule: give one to start the autopilot, e.g. 'every 2h'")
+    project.autopilot_enabled = enabled
+    session.flush()
+    return project
+
+
+def schedule_tick(session: Session, settings: Settings) -> list[int]:
+    """Beat's tick: start the cycles that are due, and resume deferred ones whose budget
+    allows again. Returns the cycles to ring (after the caller commits)."""
+    from app.cycles import schedule as schedules
+
+    now = utcnow()
+    ring: list[int] = []
+    projects = session.scalars(select(Project).where(Project.autopilot_enabled.is_(True))).all()
+    for project in projects:
+        if not project.schedule or not schedules.is_due(
+            project.schedule, project.last_scheduled_at, now
+        ):
+            continue
+        project.last_scheduled_at = now
+        try:
+            with session.begin_nested():
+                cycle, _ = create(
+                    session,
+                    Trigger(project=project.name, trigger="schedule"),
+                    max_live=settings.max_live_cycles_per_project,
+                )
+        except TooManyCycles:
+            log.warning("schedule of %s skipped: too many unfinished cycles", project.name)
+            continue
+        ring.append(cycle.id)
+    deferred = session.scalars(select(Cycle).where(Cycle.state == "deferred_budget")).all()
+    for cycle in deferred:
+        owner = session.get(Project, cycle.project_id)
+        if owner is not None and jobs.blocked_by_budget(session, settings, None, owner) is None:
+            _set_state(session, cycle, "planned")
+            ring.append(cycle.id)
+    session.flush()
+    return ring

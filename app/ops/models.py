@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.db import naming_metadata
@@ -34,6 +34,10 @@ class Project(OpsBase):
     # Two separate limits (DESIGN.md, lesson 7): average use per day and peak concurrency.
     budget_gpu_hours_per_day: Mapped[float | None] = mapped_column(Float)
     budget_concurrent_gpus: Mapped[int | None] = mapped_column(Integer)
+    # The autopilot schedule: `every 2h` or a cron expression; beat starts cycles when due.
+    schedule: Mapped[str | None] = mapped_column(String(64))
+    autopilot_enabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_scheduled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ApiToken(OpsBase):

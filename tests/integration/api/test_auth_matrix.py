@@ -38,6 +38,7 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("get", "/api/v1/cycles/{cycle_id}"): None,
     ("post", "/api/v1/cycles/{cycle_id}/cancel"): "trigger",
     ("post", "/api/v1/cycles/{cycle_id}/review"): "review",
+    ("post", "/api/v1/projects/{name}/autopilot"): "trigger",
 }
 
 

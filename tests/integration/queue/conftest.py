@@ -138,11 +138,13 @@ class Workers:
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "worker", *args, "--loglevel", "WARNING"],
-            env=settings_env(self.settings),
+            env={**settings_env(self.settings), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.settings.state_dir,

@@ -114,3 +114,65 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
         ProjectRef("probe-cycle", str(repo)), cycle["pr_number"]
     )
     assert any("numbers look right" in c for c in comments)
+
+
+def test_control_crash_between_commit_and_publish_gives_one_pr(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    settings = workers.settings
+    repo = make_repo(tmp_path, "probe-crash")
+    with stores.ops_session() as session:
+        ops.create_project(session, ProjectCreate(name="probe-crash", repo_url=str(repo)))
+        _, token = ops.create_token(session, "ci", ["trigger"])
+    crashing = workers.start(
+        "control", "control", env={"AUTOPILOT_FAULT_EXIT_AFTER_STEP": "committing"}
+    )
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    with TestClient(create_app(settings, stores)) as client:
+        cycle_id = client.post(
+            "/api/v1/cycles", json={"project": "probe-crash"}, headers=bearer(token)
+        ).json()["id"]
+        # The control worker dies right after the commit step recorded its transition.
+        assert crashing.wait(timeout=180) == 137
+        workers.procs.pop("control")
+        state = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
+        assert state["state"] == "publishing" and state["commit_sha"]
+        # A fresh control worker with the reaper notices the stalled cycle and finishes it.
+        workers.start("control2", "control", "--beat")
+
+        def reviewed() -> dict | None:  # type: ignore[type-arg]
+            body = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
+            return body if body["state"] != "publishing" else None
+
+        cycle = wait_for(reviewed, timeout=120)
+    assert cycle["state"] == "awaiting_review", (cycle, workers.logs())
+    assert cycle["commit_sha"] == state["commit_sha"]  # not committed twice
+    from app.forge.base import ProjectRef
+    from app.forge.local import LocalForge
+
+    prs = LocalForge(settings, stores).list_pull_requests(ProjectRef("probe-crash", str(repo)))
+    assert len(prs) == 1
+
+
+def test_trigger_flood_is_refused_beyond_the_limit(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    settings = workers.settings.model_copy(update={"max_live_cycles_per_project": 3})
+    repo = make_repo(tmp_path, "probe-flood")
+    with stores.ops_session() as session:
+        ops.create_project(session, ProjectCreate(name="probe-flood", repo_url=str(repo)))
+        _, token = ops.create_token(session, "ci", ["trigger"])
+    # No workers run: every cycle stays planned, which is what a flood looks like.
+    with TestClient(create_app(settings, stores)) as client:
+        codes = [
+            client.post("/api/v1/cycles", json={"project": "probe-flood"}, headers=bearer(token))
+            for _ in range(10)
+        ]
+        assert [r.status_code for r in codes] == [201] * 3 + [429] * 7
+        problem = codes[-1].json()
+        assert problem["type"].endswith("/too-many-cycles")
+        assert "limit 3" in problem["detail"]
+        unknown = client.post("/api/v1/cycles", json={"project": "nope"}, headers=bearer(token))
+        assert unknown.status_code == 404
+        listed = client.get("/api/v1/cycles", headers=bearer(token)).json()
+    assert len(listed) == 3

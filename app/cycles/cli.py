@@ -1,0 +1,198 @@
+"""`autopilot cycle run|list|show|cancel` and `autopilot project add`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+cycle_app = typer.Typer(help="Research cycles: run, list, show, cancel.", no_args_is_help=True)
+
+WAIT_ENDS = (
+    "awaiting_review",
+    "approved",
+    "rejected",
+    "skipped_repeat",
+    "failed",
+    "cancelled",
+    "deferred_budget",
+)
+
+
+def _row(cycle: Any) -> dict[str, Any]:
+    from app.cycles.schemas import CycleOut
+
+    return CycleOut.model_validate(cycle).model_dump(mode="json")
+
+
+@cycle_app.command("run")
+def cycle_run(
+    project: Annotated[str, typer.Option(help="A registered project")],
+    experiment: Annotated[str | None, typer.Option(help="Default: the agent chooses")] = None,
+    changed_hypothesis: Annotated[str | None, typer.Option(help="What changed")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow until review or an end")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Trigger a cycle (needs a running control worker to advance it)."""
+    from app import broker
+    from app.cli import exit_on_domain_error, load_settings, open_stores
+    from app.cycles import service
+    from app.errors import AutopilotError
+
+    settings = load_settings()
+    stores = open_stores(settings)
+    try:
+        with stores.ops_session() as session:
+            cycle, _ = service.create(
+                session,
+                service.Trigger(
+                    project=project,
+                    experiment=experiment,
+                    changed_hypothesis=changed_hypothesis,
+                    trigger="cli",
+                ),
+                max_live=settings.max_live_cycles_per_project,
+            )
+            cycle_id = cycle.id
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
+    broker.ring_advance(settings, cycle_id)
+    seen = ""
+    while True:
+        with stores.ops_session() as session:
+            row = _row(service.get(session, cycle_id))
+        if not wait or row["state"] in WAIT_ENDS:
+            break
+        if row["state"] != seen and not as_json:
+            seen = row["state"]
+            typer.echo(f"cycle {cycle_id}: {seen}", err=True)
+        time.sleep(0.5)
+    _print(row, as_json)
+    if wait and row["state"] not in ("awaiting_review", "approved", "skipped_repeat"):
+        raise typer.Exit(1)
+
+
+@cycle_app.command("list")
+def cycle_list(
+    project: Annotated[str | None, typer.Option()] = None,
+    state: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List recent cycles, newest first."""
+    from app.cli import echo_json, exit_on_domain_error, open_stores
+    from app.cycles import service
+    from app.errors import AutopilotError
+
+    try:
+        with open_stores().ops_session() as session:
+            rows = [_row(c) for c in service.list_cycles(session, project=project, state=state)]
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
+    if as_json:
+        echo_json(rows)
+        return
+    for row in rows:
+        typer.echo(
+            f"{row['id']:5} {row['state']:16} {row['verdict'] or '-':18} "
+            f"{row['experiment'] or '-':16} {row['pr_url'] or ''}"
+        )
+
+
+@cycle_app.command("show")
+def cycle_show(
+    cycle_id: Annotated[int, typer.Argument()],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """One cycle with its steps."""
+    from app.cli import exit_on_domain_error, open_stores
+    from app.cycles import service
+    from app.cycles.schemas import StepOut
+    from app.errors import AutopilotError
+
+    try:
+        with open_stores().ops_session() as session:
+            row = _row(service.get(session, cycle_id))
+            row["steps"] = [
+                StepOut.model_validate(s).model_dump(mode="json")
+                for s in service.steps(session, cycle_id)
+            ]
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
+    _print(row, as_json)
+
+
+@cycle_app.command("cancel")
+def cycle_cancel(cycle_id: Annotated[int, typer.Argument()]) -> None:
+    """Cancel a cycle (and its job, if one is queued or running)."""
+    from app.cli import exit_on_domain_error, open_stores
+    from app.cycles import service
+    from app.errors import AutopilotError
+
+    try:
+        with open_stores().ops_session() as session:
+            service.cancel(session, cycle_id, "cli")
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
+    typer.echo(f"cancelled cycle {cycle_id}")
+
+
+def _print(row: dict[str, Any], as_json: bool) -> None:
+    from app.cli import echo_json
+
+    if as_json:
+        echo_json(row)
+        return
+    for key in (
+        "id",
+        "state",
+        "experiment",
+        "parameters",
+        "hypothesis",
+        "verdict",
+        "headline",
+        "pr_url",
+        "error",
+    ):
+        typer.echo(f"{key:12} {row.get(key)}")
+    for step in row.get("steps", []):
+        typer.echo(
+            f"  {step['name']:12} #{step['attempt']} {step['status']:8} {step['detail'] or ''}"
+        )
+
+
+def project_add(
+    source: Annotated[str, typer.Argument(help="Path or URL of a repository with autopilot.toml")],
+    branch: Annotated[str, typer.Option(help="Its default branch")] = "main",
+) -> None:
+    """Register a research repository; name, GPU kind and budgets come from autopilot.toml."""
+    from pydantic import ValidationError
+
+    from app.cli import describe_fields, exit_on_domain_error, fail, open_stores
+    from app.cycles import config as project_config
+    from app.errors import AutopilotError
+    from app.ops import service as ops
+    from app.ops.schemas import ProjectCreate
+
+    url = str(Path(source).absolute()) if Path(source).exists() else source
+    try:
+        cfg = project_config.load_from_repo(url, branch)
+        data = ProjectCreate(
+            name=cfg.project.name,
+            repo_url=url,
+            default_branch=branch,
+            gpu_kind=cfg.project.gpu_kind,
+        )
+    except ValidationError as exc:
+        fail("; ".join(describe_fields(exc)))
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
+    try:
+        with open_stores().ops_session() as session:
+            project = ops.create_project(session, data)
+            project.budget_gpu_hours_per_day = cfg.budgets.gpu_hours_per_day
+            project.budget_concurrent_gpus = cfg.budgets.concurrent_gpus
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
+    typer.echo(f"registered {data.name} ({data.gpu_kind}) from {url}")

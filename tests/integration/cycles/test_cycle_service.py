@@ -1,0 +1,93 @@
+"""The cycle service on real stores: the schedule tick, budgets deferring, the autopilot switch."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.cycles import service
+from app.db import Stores
+from app.errors import InvalidInput
+from app.ops import service as ops
+from app.ops.models import Cycle
+from app.ops.schemas import ProjectCreate
+from app.settings import Settings
+from tests.support import bearer
+
+
+def project(stores: Stores, name: str = "sched") -> None:
+    with stores.ops_session() as session:
+        ops.create_project(session, ProjectCreate(name=name, repo_url=f"/srv/{name}"))
+
+
+def test_schedule_tick_starts_due_cycles_once(stores: Stores, settings: Settings) -> None:
+    project(stores)
+    with stores.ops_session() as session:
+        service.set_autopilot(session, "sched", True, "every 2h")
+    with stores.ops_session() as session:
+        first = service.schedule_tick(session, settings)
+    with stores.ops_session() as session:
+        again = service.schedule_tick(session, settings)  # not due yet: nothing new
+    assert len(first) == 1 and again == []
+    with stores.ops_session() as session:
+        cycle = session.get(Cycle, first[0])
+        assert cycle is not None and cycle.trigger == "schedule" and cycle.state == "planned"
+        row = ops.get_project(session, "sched")
+        row.last_scheduled_at = row.last_scheduled_at - timedelta(hours=3)  # type: ignore[operator]
+    with stores.ops_session() as session:
+        assert len(service.schedule_tick(session, settings)) == 1
+    with stores.ops_session() as session:
+        service.set_autopilot(session, "sched", False, None)
+        row = ops.get_project(session, "sched")
+        row.last_scheduled_at = None
+    with stores.ops_session() as session:
+        assert service.schedule_tick(session, settings) == []
+
+
+def test_autopilot_needs_a_valid_schedule(stores: Stores) -> None:
+    project(stores)
+    with stores.ops_session() as session, pytest.raises(InvalidInput, match="schedule"):
+        service.set_autopilot(session, "sched", True, None)
+    with stores.ops_session() as session, pytest.raises(InvalidInput, match="cron"):
+        service.set_autopilot(session, "sched", True, "whenever")
+
+
+def test_deferred_cycle_resumes_when_the_budget_allows(stores: Stores, settings: Settings) -> None:
+    project(stores)
+    with stores.ops_session() as session:
+        cycle, _ = service.create(session, service.Trigger(project="sched"))
+        cycle.state = "deferred_budget"
+        ops.get_project(session, "sched").budget_concurrent_gpus = 1
+        cycle_id = cycle.id
+    with stores.ops_session() as session:
+        assert service.schedule_tick(session, settings) == [cycle_id]
+        assert service.get(session, cycle_id).state == "planned"
+
+
+def test_autopilot_route(stores: Stores, settings: Settings, tmp_path: Path) -> None:
+    project(stores)
+    with stores.ops_session() as session:
+        _, token = ops.create_token(session, "t", ["trigger"])
+    with TestClient(create_app(settings, stores)) as client:
+        on = client.post(
+            "/api/v1/projects/sched/autopilot",
+            headers=bearer(token),
+            json={"enabled": True, "schedule": "0 */2 * * *"},
+        )
+        assert on.status_code == 200, on.text
+        assert on.json()["autopilot_enabled"] is True
+        bad = client.post(
+            "/api/v1/projects/sched/autopilot",
+            headers=bearer(token),
+            json={"enabled": True, "schedule": "sometimes"},
+        )
+        assert bad.status_code == 422
+        assert bad.headers["content-type"] == "application/problem+json"
+        missing = client.post(
+            "/api/v1/projects/nope/autopilot", headers=bearer(token), json={"enabled": False}
+        )
+        assert missing.status_code == 404

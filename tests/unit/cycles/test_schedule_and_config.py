@@ -1,0 +1,80 @@
+"""Schedules, autopilot.toml parsing, and the sweep agent: pure logic."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.cycles import agents, config, schedule
+from app.errors import InvalidInput
+
+TOML = """
+[project]
+name = "demo"
+[experiments.e]
+entry = "pkg.bench"
+[experiments.e.parameters]
+n = [1, 2]
+mode = ["a", "b"]
+[experiments.e.defaults]
+n = 1
+mode = "a"
+"""
+
+
+@pytest.mark.parametrize(
+    ("expression", "ago", "due"),
+    [
+        ("every 2h", timedelta(hours=3), True),
+        ("every 2h", timedelta(minutes=5), False),
+        ("every 30m", timedelta(minutes=31), True),
+        ("0 * * * *", timedelta(hours=2), True),
+        ("0 0 1 1 *", timedelta(seconds=5), False),
+    ],
+)
+def test_is_due(expression: str, ago: timedelta, due: bool) -> None:
+    now = datetime(2026, 12, 2, 12, 30, tzinfo=UTC)
+    assert schedule.is_due(expression, now - ago, now) is due
+    assert schedule.is_due(expression, None, now) is True
+
+
+@pytest.mark.parametrize("bad", ["every 0h", "every two hours", "* * *", "99 * * * *"])
+def test_bad_schedules_name_the_expected_form(bad: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        schedule.parse(bad)
+    assert bad in caught.value.detail
+
+
+def test_config_errors_name_file_key_and_form() -> None:
+    with pytest.raises(config.ConfigError) as caught:
+        config.parse(
+            TOML.replace('entry = "pkg.bench"', 'entry = "not a module"'), "x/autopilot.toml"
+        )
+    assert "x/autopilot.toml" in caught.value.detail
+    assert "experiments.e.entry" in caught.value.detail
+    with pytest.raises(config.ConfigError, match="not valid TOML"):
+        config.parse("[project", "autopilot.toml")
+    with pytest.raises(config.ConfigError, match="'experiments.e.surprise'"):
+        config.parse(TOML + "\n[experiments.e.surprise]\nx = 1\n")
+
+
+def test_parameters_outside_the_space_are_refused() -> None:
+    experiment = config.parse(TOML).experiment("e")
+    assert experiment.check_parameters({"n": 2}) == {"n": 2, "mode": "a"}
+    with pytest.raises(InvalidInput, match="outside the declared space"):
+        experiment.check_parameters({"n": 3})
+    with pytest.raises(InvalidInput, match="not declared"):
+        experiment.check_parameters({"m": 1})
+
+
+def test_sweep_walks_the_space_and_skips_covered_points() -> None:
+    cfg = config.parse(TOML)
+    covered = [{"n": 1, "mode": "a"}, {"n": 1, "mode": "b"}]
+    context = agents.Context("demo", "cpu", cfg, is_covered=lambda _e, p: p in covered)
+    proposal = agents.SweepAgent().propose(context)
+    assert proposal is not None
+    assert proposal.parameters == {"n": 2, "mode": "a"}
+    assert agents.validate(proposal, cfg) is proposal
+    everything = agents.Context("demo", "cpu", cfg, is_covered=lambda _e, _p: True)
+    assert agents.SweepAgent().propose(everything) is None
