@@ -6,9 +6,15 @@ order and skips every point that memory has judged or that a live cycle is alrea
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import os
+import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from app.cycles.config import ProjectConfig
@@ -98,7 +104,144 @@ def validate(proposal: Proposal, config: ProjectConfig) -> Proposal:
     return proposal
 
 
+AGENTS = ("sweep", "command")
+
+
 def for_name(name: str) -> Agent:
+    """The offline agent by name (the command agent needs its worktree: see CommandAgent)."""
     if name == "sweep":
         return SweepAgent()
-    raise InvalidInput(f"unknown agent {name!r}; available: sweep")
+    raise InvalidInput(f"unknown agent {name!r}; available: {', '.join(AGENTS)}")
+
+
+# -- the command agent ---------------------------------------------------------------------------
+
+# What an agent command may see of our environment: enough to run, none of our secrets.
+_AGENT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME")
+_PROPOSAL_KEYS = {
+    "hypothesis",
+    "experiment",
+    "parameters",
+    "what_changed",
+    "expected_outcome",
+    "proposed_lessons",
+    "tokens",
+}
+
+
+class AgentFailed(InvalidInput):
+    slug = "agent-failed"
+    title = "The agent produced no usable proposal"
+
+
+@dataclass
+class CommandAgent:
+    """Runs a configured command (argv, no shell) in the cycle's worktree. It reads the prompt
+    and the context JSON named by AUTOPILOT_PROMPT / AUTOPILOT_CONTEXT and must write
+    AUTOPILOT_PROPOSAL; code it changes in the worktree becomes part of the commit."""
+
+    argv: list[str]
+    workdir: Path
+    files: Path  # outside the worktree: prompt, context, proposal, output
+    time_limit_s: float
+    name: str = "command"
+
+    def propose(self, context: Context) -> Proposal | None:
+        if not self.argv:
+            raise AgentFailed("agent.command is empty in autopilot.toml; give an argv list")
+        self.files.mkdir(parents=True, exist_ok=True)
+        prompt, ctx, out = (self.files / n for n in ("prompt.md", "context.json", "output.log"))
+        proposal_path = self.files / "proposal.json"
+        proposal_path.unlink(missing_ok=True)
+        prompt.write_text(_prompt(context), encoding="utf-8")
+        ctx.write_text(json.dumps(_context_json(context), indent=2, default=str), "utf-8")
+        env = {k: v for k, v in os.environ.items() if k in _AGENT_ENV_ALLOW}
+        env.update(
+            AUTOPILOT_PROMPT=str(prompt),
+            AUTOPILOT_CONTEXT=str(ctx),
+            AUTOPILOT_PROPOSAL=str(proposal_path),
+        )
+        with open(out, "wb") as log:
+            try:
+                proc = subprocess.Popen(  # noqa: S603 - argv from the project config, no shell
+                    self.argv,
+                    cwd=self.workdir,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise AgentFailed(f"agent command {self.argv[0]!r} cannot start: {exc}") from None
+            try:
+                code = proc.wait(timeout=self.time_limit_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise AgentFailed(
+                    f"agent command timed out after {self.time_limit_s:g} s and was killed "
+                    f"(output in {out})"
+                ) from None
+        if code != 0:
+            raise AgentFailed(f"agent command exited with {code}; its output is in {out}")
+        return parse_proposal(proposal_path)
+
+
+def parse_proposal(path: Path) -> Proposal:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AgentFailed("the agent wrote no proposal.json (AUTOPILOT_PROPOSAL)") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise AgentFailed(f"proposal.json is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise AgentFailed("proposal.json must hold a JSON object")
+    unknown = sorted(set(data) - _PROPOSAL_KEYS)
+    if unknown:
+        raise AgentFailed(
+            f"proposal.json has unknown key {unknown[0]!r}; allowed: "
+            f"{', '.join(sorted(_PROPOSAL_KEYS))}"
+        )
+    for key, kind in (("hypothesis", str), ("experiment", str), ("parameters", dict)):
+        if not isinstance(data.get(key), kind):
+            raise AgentFailed(f"proposal.json: {key!r} must be a {kind.__name__}")
+    lessons = data.get("proposed_lessons", [])
+    if not isinstance(lessons, list) or not all(isinstance(x, str) for x in lessons):
+        raise AgentFailed("proposal.json: 'proposed_lessons' must be a list of strings")
+    tokens = data.get("tokens")
+    return Proposal(
+        hypothesis=data["hypothesis"],
+        experiment=data["experiment"],
+        parameters=data["parameters"],
+        changes=str(data.get("what_changed", "")),
+        expected=str(data.get("expected_outcome", "")),
+        lessons=lessons,
+        tokens=tokens if isinstance(tokens, int) else None,
+    )
+
+
+def _prompt(context: Context) -> str:
+    return (
+        f"# Research cycle for {context.project} ({context.device_kind})\n\n"
+        f"{context.config.agent.goal or 'Propose the next experiment worth running.'}\n\n"
+        "Read the context JSON (AUTOPILOT_CONTEXT): the project config, validated findings and "
+        "recent cycles. Do not repeat a judged experiment without a changed hypothesis. You may "
+        "edit code in this worktree, but not protected paths. Write your proposal as JSON to "
+        "AUTOPILOT_PROPOSAL with: hypothesis, experiment, parameters, what_changed, "
+        "expected_outcome, proposed_lessons.\n"
+    )
+
+
+def _context_json(context: Context) -> dict[str, Any]:
+    return {
+        "project": context.project,
+        "device_kind": context.device_kind,
+        "goal": context.config.agent.goal,
+        "config": context.config.model_dump(),
+        "related_findings": context.related,
+        "recent_cycles": context.recent,
+    }

@@ -108,11 +108,15 @@ def create(session: Session, trigger: Trigger, max_live: int | None = None) -> t
             )
     if trigger.parameters and not trigger.experiment:
         raise InvalidInput("parameters were given without the experiment they belong to")
-    agents.for_name(trigger.agent or "sweep")
+    if trigger.agent is not None and trigger.agent not in agents.AGENTS:
+        raise InvalidInput(
+            f"unknown agent {trigger.agent!r}; available: {', '.join(agents.AGENTS)} "
+            "(or omit it to use the project's autopilot.toml)"
+        )
     cycle = Cycle(
         project_id=project.id,
         state="planned",
-        agent=trigger.agent or "sweep",
+        agent=trigger.agent or "config",  # "config": whatever autopilot.toml names
         trigger=trigger.trigger,
         idempotency_key=trigger.idempotency_key,
         experiment=trigger.experiment,
@@ -293,7 +297,9 @@ class Machine:
             )
         else:
             context = agents.Context(ref.name, gpu_kind, config, related, is_covered=covered)
-            found = agents.for_name(agent_name).propose(context)
+            if agent_name == "config":
+                agent_name = config.agent.kind
+            found = self._agent(cycle_id, agent_name, config).propose(context)
             if found is None:
                 raise agents.NothingToPropose(
                     "every point of the declared parameter space has a recorded verdict or a "
@@ -324,11 +330,33 @@ class Machine:
                 _set_state(session, cycle, "preparing")
         return True
 
+    def _agent(self, cycle_id: int, name: str, config: Any) -> agents.Agent:
+        if name != "command":
+            return agents.for_name(name)
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            assert project is not None
+            ref = ProjectRef.of(project)
+            session.expunge(cycle)
+        forge = forge_service.forge_for(self.settings, self.stores)
+        worktree = self._worktree(cycle, ref, forge)
+        return _CheckedCommandAgent(
+            agents.CommandAgent(
+                argv=list(config.agent.command),
+                workdir=worktree.path,
+                files=self.settings.state_dir.absolute() / "cycles" / str(cycle_id) / "agent",
+                time_limit_s=config.agent.time_limit_s,
+            ),
+            self._git(),
+            worktree,
+        )
+
     def _git(self) -> GitWork:
         return GitWork(self.settings)
 
     def _worktree(self, cycle: Cycle, project: ProjectRef, forge: Any) -> Any:
-        slug = slugify(f"{cycle.experiment}-{cycle.agent}")
+        slug = slugify(cycle.agent if cycle.agent != "config" else "cycle")
         return self._git().prepare_worktree(
             project.name, forge.remote_url(project), project.default_branch, cycle.id, slug
         )
@@ -498,6 +526,22 @@ class Machine:
                 except FindingExists as exc:  # recorded before a crash: look it up, not again
                     ids.append(str(exc.extra.get("finding_id")))
         return ids
+
+
+@dataclass
+class _CheckedCommandAgent:
+    """The command agent, then the protected-path check on what it changed: before any GPU."""
+
+    inner: agents.CommandAgent
+    git_work: GitWork
+    worktree: Any
+    name: str = "command"
+
+    def propose(self, context: agents.Context) -> agents.Proposal | None:
+        proposal = self.inner.propose(context)
+        self.git_work.git.run(["add", "--all"], self.worktree.path)
+        self.git_work.check_protected(self.worktree)
+        return proposal
 
 
 STEPS: dict[str, Callable[[Machine, int], bool]] = {

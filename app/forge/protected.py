@@ -36,8 +36,13 @@ def patterns_from_config(text: str | None) -> list[str]:
                 f"{CONFIG_NAME} at the base commit is not valid TOML ({exc}); fix it on the base "
                 "branch before running cycles"
             ) from None
+        # The project config declares `[project] protected_paths` (app.cycles.config); a
+        # `[protected] paths` table is read too.
+        section = data.get("project", {})
         table = data.get("protected", {})
         raw = table.get("paths", []) if isinstance(table, dict) else table
+        if isinstance(section, dict) and isinstance(raw, list):
+            raw = [*raw, *section.get("protected_paths", [])]
         if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
             raise ProtectedPathChanged(
                 f"{CONFIG_NAME}: [protected] paths must be a list of path strings or globs"
