@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test check lint typecheck pytest bench clean
+.PHONY: install browser run test check lint typecheck pytest bench clean
 
 install: $(STAMP)
 
@@ -37,7 +37,13 @@ typecheck: install
 
 check: lint typecheck
 
-pytest: install
+# The dashboard's browser tests drive Debian's Chromium (never a browser the test tool downloads).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	  || echo "warning: chromium not installed; browser tests skip outside CI"; }
+
+pytest: install browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: check pytest

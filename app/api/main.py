@@ -12,6 +12,7 @@ from app.api import health, problems
 from app.api.limits import BodySizeLimit
 from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
+from app.dashboard.router import dashboard_router
 from app.db import Stores
 from app.memory.router import router as memory_router
 from app.observability import metrics_router
@@ -59,4 +60,5 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api.include_router(cycles_router)
     api.include_router(autopilot_router)
     app.include_router(api)
+    app.include_router(dashboard_router)  # /dashboard/*, and / redirects there
     return app

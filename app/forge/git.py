@@ -251,6 +251,12 @@ class GitWork:
             if not (mirror / "HEAD").exists():
                 mirror.mkdir(parents=True, exist_ok=True)
                 self.git.run(["init", "--bare", "--quiet", str(mirror)], mirror.parent)
+            # Bytecode the guard or the experiment writes in a worktree never joins a commit.
+            exclude = mirror / "info" / "exclude"
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            if "__pycache__/" not in (exclude.read_text() if exclude.exists() else ""):
+                with open(exclude, "a", encoding="utf-8") as handle:
+                    handle.write("\n__pycache__/\n*.pyc\n")
             self.git.run(
                 [
                     "fetch",

@@ -19,7 +19,6 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
-from app.observability import metrics_router
 from app.settings import Settings
 from tests.support import bearer
 
@@ -35,10 +34,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def full_app(settings: Settings, stores: Stores) -> FastAPI:
-    app = create_app(settings, stores)
-    if not any(getattr(route, "path", None) == "/metrics" for route in app.routes):
-        app.include_router(metrics_router)  # until app/api/main.py mounts it
-    return app
+    return create_app(settings, stores)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
-from app.observability import metrics_router
 from app.ops.models import Job, Project, Worker
 from app.settings import Settings
 
@@ -19,8 +18,6 @@ from app.settings import Settings
 @pytest.fixture
 def metrics_client(settings: Settings, stores: Stores) -> Iterator[TestClient]:
     app = create_app(settings, stores)
-    if not any(getattr(route, "path", None) == "/metrics" for route in app.routes):
-        app.include_router(metrics_router)
     with TestClient(app) as client:
         yield client
 

@@ -58,6 +58,7 @@ def test_cycle_reaches_review_with_branch_commit_pr_and_findings(
     ).stdout.split()
     for name in ("result.json", "REPORT.md", "plot.svg"):
         assert f"results/{cycle_id}/{name}" in files
+    assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     assert cycle["pr_url"] and cycle["pr_number"] == 1
     with stores.memory_session() as session:
         findings = [memory.get(session, fid) for fid in cycle["finding_ids"]]

@@ -1,0 +1,143 @@
+"""What a reviewer sees of a cycle's evidence: its report files, the diff, the job log.
+
+The report files are read from the cycle's worktree when it is still there, else from the commit
+the cycle pushed to the local forge's bare repository. Markdown is rendered with raw HTML off,
+so a report (or a hypothesis quoted in it) can never inject markup into the page.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from markdown_it import MarkdownIt
+from markdown_it.renderer import RendererHTML
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
+from markupsafe import Markup, escape
+
+from app.db import Stores
+from app.errors import AutopilotError
+from app.forge import report
+from app.forge.base import ProjectRef
+from app.forge.exceptions import GitFailed
+from app.forge.local import LocalForge
+from app.ops.models import Cycle, Job
+from app.settings import Settings
+
+MAX_FILE_BYTES = 2 * 1024 * 1024
+MAX_DIFF_CHARS = 200_000
+LOG_TAIL_BYTES = 32 * 1024
+REPORT_FILES = ("REPORT.md", "plot.svg", "result.json")
+
+
+def _image(
+    self: RendererHTML, tokens: list[Token], idx: int, options: OptionsDict, env: EnvType
+) -> str:
+    # Only the report's own plot is shown (from our route); any other image becomes its alt text.
+    token = tokens[idx]
+    alt = self.renderInlineAsText(token.children or [], options, env)
+    if token.attrGet("src") == "plot.svg" and isinstance(env.get("plot_url"), str):
+        return f'<img src="{escape(env["plot_url"])}" alt="{escape(alt)}" class="plot">'
+    return str(escape(alt))
+
+
+_markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+_markdown.add_render_rule("image", _image)
+
+
+def render_markdown(text: str, *, plot_url: str | None = None) -> Markup:
+    """Markdown to HTML with raw HTML escaped and unsafe link schemes refused."""
+    html = _markdown.render(text, {"plot_url": plot_url})
+    return Markup(html)  # noqa: S704 - markdown-it escapes all text; raw HTML is off
+
+
+def report_file(
+    settings: Settings, stores: Stores, cycle: Cycle, project: ProjectRef, name: str
+) -> str | None:
+    """One of REPORT.md, plot.svg, result.json of the cycle, or None when it has none."""
+    if name not in REPORT_FILES or cycle.commit_sha is None and cycle.worktree is None:
+        return None
+    relative = f"{report.results_dir(str(cycle.id))}/{name}"
+    if cycle.worktree:
+        path = Path(cycle.worktree) / relative
+        try:
+            if path.is_file() and path.stat().st_size <= MAX_FILE_BYTES:
+                return path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            pass
+    if settings.forge == "local" and cycle.commit_sha:
+        forge = LocalForge(settings, stores)
+        try:
+            bare = forge.bare_path(project)
+            if (bare / "HEAD").exists():
+                return forge.git.run(["show", f"{cycle.commit_sha}:{relative}"], bare)
+        except (GitFailed, AutopilotError):
+            return None
+    return None
+
+
+def result_json(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def environment(result: dict[str, Any]) -> list[tuple[str, str]]:
+    env = result.get("environment")
+    if not isinstance(env, dict):
+        return []
+    shown = []
+    for key in sorted(env):
+        value = env[key]
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        shown.append((str(key), text[:500]))
+    return shown
+
+
+def diff(settings: Settings, stores: Stores, project: ProjectRef, number: int | None) -> str | None:
+    """The local forge's diff of the PR (truncated), or None for GitHub or without a PR."""
+    if settings.forge != "local" or number is None:
+        return None
+    try:
+        text = LocalForge(settings, stores).diff(project, number)
+    except (GitFailed, AutopilotError) as exc:
+        return f"(the diff is unavailable: {exc})"
+    if len(text) > MAX_DIFF_CHARS:
+        return text[:MAX_DIFF_CHARS] + "\n… (truncated; fetch the branch to see all of it)"
+    return text
+
+
+def comments(
+    settings: Settings, stores: Stores, project: ProjectRef, number: int | None
+) -> list[str]:
+    if settings.forge != "local" or number is None:
+        return []
+    try:
+        return LocalForge(settings, stores).comments(project, number)
+    except AutopilotError:
+        return []
+
+
+def log_tail(job: Job | None, max_bytes: int = LOG_TAIL_BYTES) -> str | None:
+    """The end of the job's log (whole lines), or None when there is no log file."""
+    if job is None or not job.log_path:
+        return None
+    path = Path(job.log_path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            if size > max_bytes:
+                handle.seek(size - max_bytes)
+                data = handle.read()
+                data = data.split(b"\n", 1)[-1]
+            else:
+                data = handle.read()
+    except OSError:
+        return None
+    return data.decode("utf-8", errors="replace")

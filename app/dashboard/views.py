@@ -1,0 +1,293 @@
+"""The data each dashboard page shows, gathered from the services (read-only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.cycles import service as cycles
+from app.dashboard import evidence
+from app.db import Stores
+from app.errors import AutopilotError
+from app.forge.base import ProjectRef, PullRequest
+from app.forge.local import LocalForge
+from app.memory import service as memory
+from app.memory.models import Finding
+from app.memory.schemas import FindingOut
+from app.ops import job_repository, jobs
+from app.ops import service as ops
+from app.ops.models import Cycle, CycleStep, Job, Project
+from app.settings import Settings
+
+VERDICTS = ("faster", "slower", "inconclusive", "rejected_accuracy")
+REVIEW_STATES = ("awaiting_review", "approved", "rejected")
+RECENT_DECISIONS = 25
+
+
+def aware(value: datetime | None) -> datetime | None:
+    return jobs.aware(value)
+
+
+def age(value: datetime | None, now: datetime | None = None) -> str:
+    """A short age: `42 s`, `5 min`, `3 h`, `2 d`."""
+    moment = aware(value)
+    if moment is None:
+        return "–"
+    seconds = max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    a, b = aware(start), aware(end)
+    if a is None or b is None:
+        return "–"
+    seconds = (b - a).total_seconds()
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def ratio_text(headline: dict[str, Any] | None) -> str:
+    h = headline or {}
+    try:
+        return f"{float(h['ratio']):.3f} [{float(h['ci_low']):.3f}, {float(h['ci_high']):.3f}]"
+    except (KeyError, TypeError, ValueError):
+        try:
+            return f"{float(h['ratio']):.3f}"
+        except (KeyError, TypeError, ValueError):
+            return "–"
+
+
+def accuracy_text(headline: dict[str, Any] | None) -> str:
+    value = (headline or {}).get("accuracy_pass")
+    return "–" if value is None else ("pass" if value else "fail")
+
+
+def project_names(session: Session) -> dict[int, str]:
+    return {p.id: p.name for p in ops.list_projects(session)}
+
+
+def unverified(finding: Finding | FindingOut) -> bool:
+    """Not (yet) confirmed: awaiting a reviewer, or without a verified primary source."""
+    return finding.status == "proposed" or finding.source_status == "unverified"
+
+
+@dataclass
+class QueueRow:
+    cycle: Cycle
+    project: str
+    unverified: int = 0
+
+
+def review_queue(
+    stores: Stores,
+    *,
+    project: str | None = None,
+    verdict: str | None = None,
+    state: str | None = None,
+) -> tuple[list[QueueRow], list[QueueRow], list[str]]:
+    """(awaiting review, oldest first; recent decisions, newest first; all project names)."""
+    with stores.ops_session() as session:
+        names = project_names(session)
+        wanted = [state] if state in REVIEW_STATES else list(REVIEW_STATES)
+        rows: list[Cycle] = []
+        for name in wanted:
+            limit = 200 if name == "awaiting_review" else RECENT_DECISIONS
+            rows.extend(
+                cycles.list_cycles(session, project=project or None, state=name, limit=limit)
+            )
+        for row in rows:
+            session.expunge(row)
+    if verdict:
+        rows = [c for c in rows if c.verdict == verdict]
+    ids = [fid for c in rows for fid in (c.finding_ids or [])]
+    flagged: dict[str, bool] = {}
+    with stores.memory_session() as msession:
+        for fid in ids:
+            try:
+                flagged[fid] = unverified(memory.get(msession, fid))
+            except AutopilotError:
+                flagged[fid] = True
+    made = [
+        QueueRow(
+            c, names.get(c.project_id, "?"), sum(flagged.get(f, False) for f in c.finding_ids or [])
+        )
+        for c in rows
+    ]
+    waiting = sorted(
+        (r for r in made if r.cycle.state == "awaiting_review"), key=lambda r: r.cycle.id
+    )
+    decided = sorted(
+        (r for r in made if r.cycle.state != "awaiting_review"),
+        key=lambda r: aware(r.cycle.updated_at) or datetime.min.replace(tzinfo=UTC),
+        reverse=True,
+    )
+    return waiting, decided[:RECENT_DECISIONS], sorted(names.values())
+
+
+@dataclass
+class CycleRow:
+    cycle: Cycle
+    project: str
+    steps: list[CycleStep]
+
+    @property
+    def elapsed(self) -> str:
+        if not self.steps:
+            return "–"
+        end = self.steps[-1].finished_at or datetime.now(UTC)
+        return duration(self.steps[0].started_at, end)
+
+
+def cycle_list(
+    stores: Stores, *, project: str | None = None, state: str | None = None
+) -> tuple[list[CycleRow], list[str]]:
+    with stores.ops_session() as session:
+        names = project_names(session)
+        rows = [
+            CycleRow(c, names.get(c.project_id, "?"), list(cycles.steps(session, c.id)))
+            for c in cycles.list_cycles(session, project=project or None, state=state or None)
+        ]
+        session.expunge_all()
+    return rows, sorted(names.values())
+
+
+@dataclass
+class CyclePage:
+    cycle: Cycle
+    project: Project
+    steps: list[CycleStep]
+    job: Job | None
+    pull_request: PullRequest | None = None
+    report_html: Any = None
+    has_plot: bool = False
+    environment: list[tuple[str, str]] = field(default_factory=list)
+    diff: str | None = None
+    comments: list[str] = field(default_factory=list)
+    log_tail: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    related: list[Finding] = field(default_factory=list)
+
+    @property
+    def what_changed(self) -> str:
+        proposal = self.cycle.proposal or {}
+        return self.cycle.changed_hypothesis or str(proposal.get("what_changed") or "")
+
+
+def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str) -> CyclePage:
+    """Everything the PR detail shows. Outside calls (git, forge) run after the session closes."""
+    with stores.ops_session() as session:
+        cycle = cycles.get(session, cycle_id)
+        project = session.get(Project, cycle.project_id)
+        assert project is not None
+        page = CyclePage(
+            cycle=cycle,
+            project=project,
+            steps=list(cycles.steps(session, cycle_id)),
+            job=session.get(Job, cycle.job_id) if cycle.job_id is not None else None,
+        )
+        session.expunge_all()
+    ref = ProjectRef.of(page.project)
+    if cycle.pr_number is not None and settings.forge == "local":
+        try:
+            page.pull_request = LocalForge(settings, stores).get_pull_request(ref, cycle.pr_number)
+        except AutopilotError:
+            page.pull_request = None
+    report_md = evidence.report_file(settings, stores, cycle, ref, "REPORT.md")
+    page.has_plot = evidence.report_file(settings, stores, cycle, ref, "plot.svg") is not None
+    if report_md:
+        page.report_html = evidence.render_markdown(
+            report_md, plot_url=plot_url if page.has_plot else None
+        )
+    result = evidence.result_json(evidence.report_file(settings, stores, cycle, ref, "result.json"))
+    if not result and page.job is not None and isinstance(page.job.result, dict):
+        result = page.job.result
+    page.environment = evidence.environment(result)
+    page.diff = evidence.diff(settings, stores, ref, cycle.pr_number)
+    page.comments = evidence.comments(settings, stores, ref, cycle.pr_number)
+    page.log_tail = evidence.log_tail(page.job)
+    own = set(cycle.finding_ids or [])
+    with stores.memory_session() as msession:
+        for fid in cycle.finding_ids or []:
+            try:
+                page.findings.append(memory.get(msession, fid))
+            except AutopilotError:
+                continue
+        text = " ".join(filter(None, [cycle.experiment, cycle.hypothesis]))
+        page.related = [
+            f for f in memory.related(msession, page.project.name, text, k=8) if f.id not in own
+        ]
+        msession.expunge_all()
+    return page
+
+
+@dataclass
+class BudgetRow:
+    scope: str
+    gpu_hours_used: float
+    gpu_hours_limit: float | None
+    active: int
+    concurrent_limit: int | None
+
+
+def budgets(session: Session, settings: Settings) -> list[BudgetRow]:
+    """GPU-hours in the last 24 h and GPUs in use now, against both limits (lesson 7)."""
+    day_ago = datetime.now(UTC) - timedelta(days=1)
+    rows = [
+        BudgetRow(
+            "global",
+            job_repository.gpu_seconds_since(session, day_ago) / 3600,
+            settings.budget_gpu_hours_per_day,
+            job_repository.active_count(session, None),
+            settings.budget_concurrent_gpus,
+        )
+    ]
+    for project in ops.list_projects(session):
+        rows.append(
+            BudgetRow(
+                f"project {project.name}",
+                job_repository.gpu_seconds_since(session, day_ago, project.id) / 3600,
+                project.budget_gpu_hours_per_day,
+                job_repository.active_count(session, project.id),
+                project.budget_concurrent_gpus,
+            )
+        )
+    return rows
+
+
+@dataclass
+class QueuePage:
+    queues: list[dict[str, Any]]
+    jobs_by_queue: dict[str, list[Job]]
+    workers: Sequence[Any]
+    budgets: list[BudgetRow]
+    projects: dict[int, str]
+
+
+def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
+    with stores.ops_session() as session:
+        waiting: dict[str, list[Job]] = {}
+        for state in ("running", "leased", "queued"):
+            for job in jobs.list_jobs(session, state=state, limit=100):
+                waiting.setdefault(job.queue, []).append(job)
+        for queue_jobs in waiting.values():
+            queue_jobs.sort(
+                key=lambda j: (aware(j.order_key) or datetime.min.replace(tzinfo=UTC), j.id)
+            )
+        page = QueuePage(
+            queues=jobs.queues(session, settings),
+            jobs_by_queue=waiting,
+            workers=list(jobs.list_workers(session)),
+            budgets=budgets(session, settings),
+            projects=project_names(session),
+        )
+        session.expunge_all()
+    return page

@@ -1,0 +1,232 @@
+"""The review path over HTML: the queue, the PR page with its evidence, and the decision form."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from app.db import Stores
+from app.forge.local import LocalForge
+from app.memory import service as memory
+from app.memory.schemas import FindingCreate
+from app.ops.models import Cycle
+from app.settings import Settings
+from tests.integration.dashboard.conftest import CycleFactory, login
+
+EVIL = '<script>alert("x")</script><b>bold</b>'
+
+
+def _state(stores: Stores, cycle_id: int) -> str:
+    with stores.ops_session() as session:
+        cycle = session.get(Cycle, cycle_id)
+        assert cycle is not None
+        return cycle.state
+
+
+def _statuses(stores: Stores, ids: list[str]) -> list[str]:
+    with stores.memory_session() as session:
+        return [memory.get(session, fid).status for fid in ids]
+
+
+def test_empty_queue_says_what_to_do_next(client: TestClient, tokens: dict[str, str]) -> None:
+    login(client, tokens["reader"])
+    page = client.get("/dashboard/")
+    assert page.status_code == 200
+    assert "Nothing awaits review" in page.text
+    assert "autopilot project create" in page.text and "/api/v1/cycles" in page.text
+    assert "No decisions yet" in page.text
+
+
+def test_queue_lists_awaiting_first_with_badges_then_decisions_and_filters(
+    client: TestClient, tokens: dict[str, str], cycles: CycleFactory
+) -> None:
+    waiting = cycles.make(hypothesis=EVIL)
+    slower = cycles.make(verdict="slower", hypothesis="Unrolling helps")
+    decided = cycles.make(state="approved", hypothesis="Already decided one")
+    login(client, tokens["reader"])
+    page = client.get("/dashboard/").text
+    awaiting, _, recent = page.partition("Recent decisions")
+    assert f'/dashboard/cycles/{waiting.cycle_id}"' in awaiting
+    assert f'/dashboard/cycles/{slower.cycle_id}"' in awaiting
+    assert f'/dashboard/cycles/{decided.cycle_id}"' in recent
+    assert "<script>alert" not in page and "&lt;script&gt;alert" in page
+    assert "0.800 [0.750, 0.860]" in page and "cpu-test" in page and "pass" in page
+    assert 'class="badge v-faster"' in awaiting and 'class="badge v-slower"' in awaiting
+    assert "1 unverified" in awaiting  # the proposed finding awaits the decision
+    assert "probe-dash" in page
+    only_slower = client.get("/dashboard/", params={"verdict": "slower"}).text
+    assert f'/dashboard/cycles/{slower.cycle_id}"' in only_slower
+    assert f'/dashboard/cycles/{waiting.cycle_id}"' not in only_slower
+    only_approved = client.get("/dashboard/", params={"state": "approved"}).text
+    assert f'/dashboard/cycles/{decided.cycle_id}"' in only_approved
+    assert f'/dashboard/cycles/{waiting.cycle_id}"' not in only_approved
+    unknown = client.get("/dashboard/", params={"project": "nope"})
+    assert unknown.status_code == 404 and "nope" in unknown.text
+
+
+def test_pr_page_shows_hypothesis_report_plot_diff_environment_log_and_related(
+    client: TestClient, tokens: dict[str, str], cycles: CycleFactory, stores: Stores
+) -> None:
+    made = cycles.make(hypothesis=EVIL)
+    with stores.memory_session() as session:
+        known = memory.create(
+            session,
+            FindingCreate(
+                project="probe-dash", kind="lesson", statement="probe timings vary below 1 ms"
+            ),
+            "seed",
+        )
+        memory.validate(session, known.id, "seed")
+    login(client, tokens["review"])
+    response = client.get(f"/dashboard/cycles/{made.cycle_id}")
+    assert response.status_code == 200
+    page = response.text
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    # The hypothesis is text, in the summary and inside the rendered report alike.
+    assert "<script>alert" not in page and "<b>bold</b>" not in page
+    assert page.count("&lt;script&gt;alert") >= 2
+    assert "PR #1" in page and "probe: fused loop" in page
+    assert "<h2>Results</h2>" in page and "<table>" in page  # rendered Markdown
+    assert f'src="/dashboard/cycles/{made.cycle_id}/plot.svg"' in page
+    assert f"results/{made.cycle_id}/REPORT.md" in page  # the diff
+    assert "device_name" in page and "2.13.0" in page  # environment
+    assert "probe finished" in page  # job log tail
+    assert "probe timings vary below 1 ms" in page  # related finding from memory
+    assert re.search(r"<fieldset>\s*<legend>", page)  # the form is enabled for a reviewer
+    assert 'value="approve"' in page and 'value="reject"' in page and 'name="merge"' in page
+
+
+def test_plot_is_served_as_svg_with_a_restrictive_policy(
+    client: TestClient, tokens: dict[str, str], cycles: CycleFactory
+) -> None:
+    from_bare = cycles.make()
+    from_worktree = cycles.make(with_pr=False, keep_worktree=True)
+    login(client, tokens["reader"])
+    for made in (from_bare, from_worktree):
+        plot = client.get(f"/dashboard/cycles/{made.cycle_id}/plot.svg")
+        assert plot.status_code == 200
+        assert plot.headers["content-type"] == "image/svg+xml"
+        assert "default-src 'none'" in plot.headers["content-security-policy"]
+        assert "sandbox" in plot.headers["content-security-policy"]
+        assert plot.headers["x-content-type-options"] == "nosniff"
+        assert plot.text.startswith("<svg")
+    assert client.get("/dashboard/cycles/999/plot.svg").status_code == 404
+    no_pr = client.get(f"/dashboard/cycles/{from_worktree.cycle_id}").text
+    assert "not opened yet" in no_pr and "<h2>Results</h2>" in no_pr
+
+
+def test_approve_validates_findings_and_posts_the_note(
+    client: TestClient,
+    tokens: dict[str, str],
+    cycles: CycleFactory,
+    stores: Stores,
+    settings: Settings,
+) -> None:
+    made = cycles.make()
+    csrf = login(client, tokens["review"])
+    url = f"/dashboard/cycles/{made.cycle_id}/review"
+    missing = client.post(url, data={"decision": "approve", "note": "ok"})
+    assert missing.status_code == 403 and "Form expired" in missing.text
+    forged = client.post(url, data={"decision": "approve", "note": "ok", "csrf_token": "x" * 32})
+    assert forged.status_code == 403
+    foreign = client.post(
+        url,
+        headers={"Origin": "http://evil.example"},
+        data={"decision": "approve", "note": "ok", "csrf_token": csrf},
+    )
+    assert foreign.status_code == 403
+    assert _state(stores, made.cycle_id) == "awaiting_review"
+    assert _statuses(stores, made.finding_ids) == ["proposed"]
+
+    done = client.post(
+        url,
+        data={"decision": "approve", "note": "numbers hold <i>up</i>", "csrf_token": csrf},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303
+    assert done.headers["location"] == f"/dashboard/cycles/{made.cycle_id}?done=approved"
+    assert _state(stores, made.cycle_id) == "approved"
+    assert _statuses(stores, made.finding_ids) == ["validated"]
+    comments = LocalForge(settings, stores).comments(made.project, 1)
+    assert any("numbers hold <i>up</i>" in c and "alice" in c for c in comments)
+    page = client.get(done.headers["location"]).text
+    assert "Decision recorded: approved" in page
+    assert 'name="decision"' not in page  # decided: no form any more
+    assert "numbers hold &lt;i&gt;up&lt;/i&gt;" in page  # the PR comment, escaped
+    again = client.post(url, data={"decision": "reject", "note": "no", "csrf_token": csrf})
+    assert again.status_code == 409 and "only a cycle awaiting review" in again.text
+
+
+def test_reject_needs_a_note_then_refutes_with_it_and_closes_the_pr(
+    client: TestClient,
+    tokens: dict[str, str],
+    cycles: CycleFactory,
+    stores: Stores,
+    settings: Settings,
+) -> None:
+    made = cycles.make()
+    csrf = login(client, tokens["admin"])
+    url = f"/dashboard/cycles/{made.cycle_id}/review"
+    blank = client.post(url, data={"decision": "reject", "note": "  ", "csrf_token": csrf})
+    assert blank.status_code == 422 and "a rejection needs a note" in blank.text
+    assert _state(stores, made.cycle_id) == "awaiting_review"
+    odd = client.post(url, data={"decision": "maybe", "csrf_token": csrf})
+    assert odd.status_code == 422
+    note = "noise floor too high <img src=x onerror=alert(1)>"
+    done = client.post(url, data={"decision": "reject", "note": note, "csrf_token": csrf})
+    assert done.status_code == 200 and "Decision recorded: rejected" in done.text
+    assert _state(stores, made.cycle_id) == "rejected"
+    assert _statuses(stores, made.finding_ids) == ["refuted"]
+    assert LocalForge(settings, stores).get_pull_request(made.project, 1).state == "closed"
+    finding = client.get(f"/dashboard/memory/{made.finding_ids[0]}").text
+    assert "noise floor too high &lt;img src=x onerror=alert(1)&gt;" in finding
+    assert "<img src=x" not in finding
+
+
+def test_read_only_token_sees_the_form_disabled_and_a_post_is_refused(
+    client: TestClient, tokens: dict[str, str], cycles: CycleFactory, stores: Stores
+) -> None:
+    made = cycles.make()
+    csrf = login(client, tokens["reader"])
+    page = client.get(f"/dashboard/cycles/{made.cycle_id}").text
+    assert "<fieldset disabled>" in page and "can read but not decide" in page
+    refused = client.post(
+        f"/dashboard/cycles/{made.cycle_id}/review",
+        data={"decision": "approve", "csrf_token": csrf},
+    )
+    assert refused.status_code == 403 and "scope" in refused.text
+    assert _state(stores, made.cycle_id) == "awaiting_review"
+    assert _statuses(stores, made.finding_ids) == ["proposed"]
+
+
+def test_approve_with_merge_rings_the_merge(
+    client: TestClient,
+    tokens: dict[str, str],
+    cycles: CycleFactory,
+    stores: Stores,
+    monkeypatch: object,
+) -> None:
+    from app import broker
+
+    rung: list[int] = []
+    monkeypatch.setattr(broker, "ring_merge", lambda _s, cycle_id: rung.append(cycle_id))  # type: ignore[attr-defined]
+    made = cycles.make()
+    plain = cycles.make()
+    csrf = login(client, tokens["review"])
+    client.post(
+        f"/dashboard/cycles/{plain.cycle_id}/review",
+        data={"decision": "approve", "csrf_token": csrf},
+    )
+    client.post(
+        f"/dashboard/cycles/{made.cycle_id}/review",
+        data={"decision": "approve", "merge": "1", "csrf_token": csrf},
+    )
+    assert rung == [made.cycle_id]
+
+
+def test_unknown_cycle_is_a_404_page(client: TestClient, tokens: dict[str, str]) -> None:
+    login(client, tokens["reader"])
+    page = client.get("/dashboard/cycles/4242")
+    assert page.status_code == 404 and "no cycle 4242" in page.text
+    assert page.headers["content-type"].startswith("text/html")
