@@ -733,7 +733,7 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
             return False, f"re-validation job {job_id} did not finish in time"
         if state != "succeeded":
             return False, f"re-validation job {job_id} {state}"
-        new_verdict = str(result.get("verdict"))
+        new_verdict = str(result.get("verdict") or "inconclusive")  # as analyze() reads it
         if new_verdict != verdict:
             return False, f"verdict changed from {verdict} to {new_verdict} (job {job_id})"
         return True, f"verdict {verdict} holds (job {job_id}, {_ratio_text(headline(result))})"

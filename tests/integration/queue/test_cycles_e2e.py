@@ -177,3 +177,62 @@ def test_trigger_flood_is_refused_beyond_the_limit(
         assert unknown.status_code == 404
         listed = client.get("/api/v1/cycles", headers=bearer(token)).json()
     assert len(listed) == 3
+
+
+def test_merge_revalidates_on_a_moved_base(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    settings = workers.settings
+    repo = make_repo(tmp_path, "probe-merge")
+    with stores.ops_session() as session:
+        ops.create_project(session, ProjectCreate(name="probe-merge", repo_url=str(repo)))
+        _, token = ops.create_token(session, "ci", ["trigger", "review"])
+    workers.start("control", "control")
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    with TestClient(create_app(settings, stores)) as client:
+        cycle_id = client.post(
+            "/api/v1/cycles", json={"project": "probe-merge"}, headers=bearer(token)
+        ).json()["id"]
+
+        def state() -> dict:  # type: ignore[type-arg]
+            return client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()  # type: ignore[no-any-return]
+
+        cycle = wait_for(lambda: (c := state())["state"] == "awaiting_review" and c, timeout=180)
+        # Someone pushes to the base while the PR waits for review.
+        bare = settings.state_dir.absolute() / "forge" / "probe-merge.git"
+        other = tmp_path / "other"
+        subprocess.run(["git", "clone", "-q", str(bare), str(other)], check=True)
+        (other / "NOTES.md").write_text("unrelated change\n")
+        env = {
+            "GIT_AUTHOR_NAME": "o",
+            "GIT_AUTHOR_EMAIL": "o@x",
+            "GIT_COMMITTER_NAME": "o",
+            "GIT_COMMITTER_EMAIL": "o@x",
+            "PATH": "/usr/bin:/bin",
+        }
+        for argv in (
+            ["git", "add", "NOTES.md"],
+            ["git", "commit", "-qm", "move base"],
+            ["git", "push", "-q", "origin", "HEAD:main"],
+        ):
+            subprocess.run(argv, cwd=other, check=True, env=env)
+        decided = client.post(
+            f"/api/v1/cycles/{cycle_id}/review",
+            headers=bearer(token),
+            json={"decision": "approve", "merge": True},
+        )
+        assert decided.status_code == 200, decided.text
+        merged = wait_for(
+            lambda: next((s for s in state()["steps"] if s["name"] == "merge"), None), timeout=180
+        )
+        assert merged["status"] == "done", (merged, workers.logs())
+        assert "re-validation" in merged["detail"]
+        jobs_run = client.get("/api/v1/jobs", headers=bearer(token)).json()
+    assert len(jobs_run) == 2  # the cycle's run and the re-validation on the moved base
+    log = subprocess.run(
+        ["git", "--git-dir", str(bare), "log", "--format=%s", "main"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "move base" in log and cycle["branch"] in log
