@@ -236,3 +236,51 @@ def test_merge_revalidates_on_a_moved_base(
         check=True,
     ).stdout
     assert "move base" in log and cycle["branch"] in log
+
+
+def test_cycle_against_the_github_forge(workers: Workers, stores: Stores, tmp_path: Path) -> None:
+    """The same cycle with forge=github: git pushes to the project's remote, the PR is opened
+    through the GitHub REST API (a local server implementing it), and no token leaks."""
+    from tests.integration.forge.github_fake import serve
+
+    source = make_repo(tmp_path, "probe-gh")
+    remote = tmp_path / "lab" / "research.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(source), str(remote)], check=True)
+    secret = "ghp_test_" + "s3cr3t" * 6
+    with stores.ops_session() as session:
+        ops.create_project(
+            session, ProjectCreate(name="probe-gh", repo_url=str(remote), forge="github")
+        )
+        _, token = ops.create_token(session, "ci", ["trigger"])
+    with serve() as fake:
+        fake.owner, fake.repo = "lab", "research"
+        env = {
+            "AUTOPILOT_FORGE": "github",
+            "AUTOPILOT_GITHUB_TOKEN": secret,
+            "AUTOPILOT_GITHUB_BASE_URL": fake.base_url,
+        }
+        workers.start("control", "control", env=env)
+        workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0", env=env)
+        with TestClient(create_app(workers.settings, stores)) as client:
+            cycle_id = client.post(
+                "/api/v1/cycles", json={"project": "probe-gh"}, headers=bearer(token)
+            ).json()["id"]
+
+            def ended() -> dict | None:  # type: ignore[type-arg]
+                body = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
+                return body if body["state"] in ("awaiting_review", "failed") else None
+
+            cycle = wait_for(ended, timeout=180)
+        assert cycle["state"] == "awaiting_review", (cycle, workers.logs())
+        (pr,) = fake.pulls
+        assert pr["head"]["ref"] == cycle["branch"] and cycle["pr_number"] == pr["number"]
+        assert all(header.endswith(secret) for header in fake.auth_headers)
+    files = subprocess.run(
+        ["git", "--git-dir", str(remote), "ls-tree", "-r", "--name-only", cycle["branch"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert f"results/{cycle_id}/REPORT.md" in files and f"results/{cycle_id}/plot.svg" in files
+    assert secret not in workers.logs()
+    assert secret not in str(cycle)
