@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from alembic import command
 from alembic.config import Config
@@ -48,3 +48,41 @@ def upgrade(settings: Settings, revision: str = "head") -> None:
 
 def downgrade(settings: Settings, revision: str = "base") -> None:
     _run(settings, "downgrade", revision)
+
+
+def run_environment(metadata: Any, include_object: Any = None) -> None:
+    """The body of both `migrations/*/env.py`: offline SQL or online on the given connection.
+
+    Batch mode lets SQLite alter tables (it copies them); PostgreSQL alters in place."""
+    from alembic import context
+    from sqlalchemy import engine_from_config, pool
+
+    config = context.config
+    options: dict[str, Any] = {
+        "target_metadata": metadata,
+        "render_as_batch": True,
+        "compare_type": True,
+        "include_object": include_object,
+    }
+    if context.is_offline_mode():
+        context.configure(
+            url=config.get_main_option("sqlalchemy.url"), literal_binds=True, **options
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    connection = config.attributes.get("connection")
+    if connection is None:  # the alembic command line: our engine settings from the URL
+        engine = engine_from_config(
+            config.get_section(config.config_ini_section, {}),
+            prefix="sqlalchemy.",
+            poolclass=pool.NullPool,
+        )
+        with engine.connect() as fresh:
+            context.configure(connection=fresh, **options)
+            with context.begin_transaction():
+                context.run_migrations()
+        return
+    context.configure(connection=connection, **options)
+    with context.begin_transaction():
+        context.run_migrations()

@@ -24,6 +24,7 @@ import httpx
 import typer
 
 from app import migrate
+from app.cycles import service as cycles
 from app.db import Stores
 from app.ops import repository
 from app.ops import service as ops
@@ -34,15 +35,6 @@ TEMPLATE = (
     Path(__file__).resolve().parent.parent / "experiments" / "projects" / "complex_contraction"
 )
 PROJECT = "complex-contraction"
-ENDS = (
-    "awaiting_review",
-    "approved",
-    "rejected",
-    "skipped_repeat",
-    "failed",
-    "cancelled",
-    "deferred_budget",
-)
 
 
 def make_repo(state_dir: Path) -> Path:
@@ -142,7 +134,7 @@ def follow(
             typer.echo(
                 f"  [{time.monotonic() - started:6.1f} s] cycle {cycle_id}: {seen}", err=True
             )
-        if cycle["state"] in ENDS:
+        if cycle["state"] in cycles.SETTLED:
             return cycle
         time.sleep(0.5)
     raise RuntimeError(f"cycle {cycle_id} did not reach review within {timeout:g} s")

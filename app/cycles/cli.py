@@ -10,16 +10,6 @@ import typer
 
 cycle_app = typer.Typer(help="Research cycles: run, list, show, cancel.", no_args_is_help=True)
 
-WAIT_ENDS = (
-    "awaiting_review",
-    "approved",
-    "rejected",
-    "skipped_repeat",
-    "failed",
-    "cancelled",
-    "deferred_budget",
-)
-
 
 def _row(cycle: Any) -> dict[str, Any]:
     from app.cycles.schemas import CycleOut
@@ -63,7 +53,7 @@ def cycle_run(
     while True:
         with stores.ops_session() as session:
             row = _row(service.get(session, cycle_id))
-        if not wait or row["state"] in WAIT_ENDS:
+        if not wait or row["state"] in service.SETTLED:
             break
         if row["state"] != seen and not as_json:
             seen = row["state"]

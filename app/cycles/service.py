@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("approved", "rejected", "skipped_repeat", "failed", "cancelled")
 WAITING = ("awaiting_review", "deferred_budget")
+# Where a follower (the CLI, the demo) stops watching: an end, or a wait on a person or budget.
+SETTLED = (*TERMINAL, *WAITING)
 LIVE = ("planned", "preparing", "queued", "running", "analyzing", "committing", "publishing")
 MAX_STEP_ATTEMPTS = 5
 
@@ -333,12 +335,7 @@ class Machine:
     def _agent(self, cycle_id: int, name: str, config: Any) -> agents.Agent:
         if name != "command":
             return agents.for_name(name)
-        with self.stores.ops_session() as session:
-            cycle = get(session, cycle_id)
-            project = session.get(Project, cycle.project_id)
-            assert project is not None
-            ref = ProjectRef.of(project)
-            session.expunge(cycle)
+        cycle, ref = self._detached(cycle_id)
         forge = forge_service.forge_for(self.settings, self.stores)
         worktree = self._worktree(cycle, ref, forge)
         return _CheckedCommandAgent(
@@ -352,6 +349,15 @@ class Machine:
             worktree,
         )
 
+    def _detached(self, cycle_id: int) -> tuple[Cycle, ProjectRef]:
+        """The cycle (detached, for reading outside any transaction) and its project."""
+        with self.stores.ops_session() as session:
+            cycle = get(session, cycle_id)
+            project = session.get(Project, cycle.project_id)
+            assert project is not None
+            session.expunge(cycle)
+            return cycle, ProjectRef.of(project)
+
     def _git(self) -> GitWork:
         return GitWork(self.settings)
 
@@ -364,12 +370,7 @@ class Machine:
     def prepare(self, cycle_id: int) -> bool:
         """Worktree and branch, then the job: all before any GPU is asked for."""
         forge = forge_service.forge_for(self.settings, self.stores)
-        with self.stores.ops_session() as session:
-            cycle = get(session, cycle_id)
-            project = session.get(Project, cycle.project_id)
-            assert project is not None
-            ref = ProjectRef.of(project)
-            session.expunge(cycle)
+        cycle, ref = self._detached(cycle_id)
         try:
             worktree = self._worktree(cycle, ref, forge)
         except (Unavailable, OSError) as exc:
@@ -456,12 +457,7 @@ class Machine:
 
     def publish(self, cycle_id: int) -> bool:
         forge = forge_service.forge_for(self.settings, self.stores)
-        with self.stores.ops_session() as session:
-            cycle = get(session, cycle_id)
-            project = session.get(Project, cycle.project_id)
-            assert project is not None
-            ref = ProjectRef.of(project)
-            session.expunge(cycle)
+        cycle, ref = self._detached(cycle_id)
         worktree = self._worktree(cycle, ref, forge)
         title = f"[autopilot] {cycle.experiment}: {cycle.verdict} ({_ratio_text(cycle.headline)})"
         body = pr_body(cycle)

@@ -99,8 +99,9 @@ def upgrade() -> None:
         sa.column("statement", sa.Text),
         sa.column("content_hash", sa.String),
     )
-    rows = bind.execute(sa.select(finding.c.id, finding.c.project, finding.c.kind,
-                                  finding.c.statement)).all()
+    rows = bind.execute(
+        sa.select(finding.c.id, finding.c.project, finding.c.kind, finding.c.statement)
+    ).all()
     for row in rows:
         bind.execute(
             finding.update()
@@ -143,8 +144,7 @@ def upgrade() -> None:
     else:
         op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
         op.execute(
-            "CREATE INDEX ix_finding_statement_trgm ON finding "
-            "USING gin (statement gin_trgm_ops)"
+            "CREATE INDEX ix_finding_statement_trgm ON finding USING gin (statement gin_trgm_ops)"
         )
 
 
@@ -167,9 +167,25 @@ def downgrade() -> None:
         batch.drop_index(op.f("ix_finding_fingerprint"))
         batch.drop_index(op.f("ix_finding_kind"))
         for column in (
-            "supersedes", "validated_at", "validated_by", "result_path", "pr_url", "commit_sha",
-            "cycle_id", "tags", "group_name", "truncated", "publication_status", "source_status",
-            "source", "metrics", "scope", "device_kind", "fingerprint", "hypothesis",
-            "content_hash", "language",
+            "supersedes",
+            "validated_at",
+            "validated_by",
+            "result_path",
+            "pr_url",
+            "commit_sha",
+            "cycle_id",
+            "tags",
+            "group_name",
+            "truncated",
+            "publication_status",
+            "source_status",
+            "source",
+            "metrics",
+            "scope",
+            "device_kind",
+            "fingerprint",
+            "hypothesis",
+            "content_hash",
+            "language",
         ):
             batch.drop_column(column)

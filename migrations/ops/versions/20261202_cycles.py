@@ -48,7 +48,9 @@ def upgrade() -> None:
         sa.Column("created_at", TZ, nullable=False),
         sa.Column("updated_at", TZ, nullable=False),
         sa.ForeignKeyConstraint(
-            ["project_id"], ["project.id"], name=op.f("fk_cycle_project_id_project"),
+            ["project_id"],
+            ["project.id"],
+            name=op.f("fk_cycle_project_id_project"),
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cycle")),
@@ -67,7 +69,9 @@ def upgrade() -> None:
         sa.Column("started_at", TZ, nullable=False),
         sa.Column("finished_at", TZ, nullable=True),
         sa.ForeignKeyConstraint(
-            ["cycle_id"], ["cycle.id"], name=op.f("fk_cycle_step_cycle_id_cycle"),
+            ["cycle_id"],
+            ["cycle.id"],
+            name=op.f("fk_cycle_step_cycle_id_cycle"),
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cycle_step")),

@@ -54,7 +54,9 @@ def upgrade() -> None:
         sa.Column("cancel_requested_at", TZ, nullable=True),
         sa.Column("cancelled_by", sa.String(length=64), nullable=True),
         sa.ForeignKeyConstraint(
-            ["project_id"], ["project.id"], name=op.f("fk_job_project_id_project"),
+            ["project_id"],
+            ["project.id"],
+            name=op.f("fk_job_project_id_project"),
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_job")),
