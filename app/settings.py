@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     forge: Literal["local", "github"] = "local"
     github_token: SecretStr | None = None
     github_base_url: str = "https://api.github.com"
+    # GitHub App credentials, used instead of the token when all three are set.
+    github_app_id: str | None = None
+    github_app_private_key: SecretStr | None = None
+    github_app_installation_id: int | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     session_secret: SecretStr | None = Field(

@@ -131,9 +131,9 @@ class GitHubForge:
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> GitHubForge:
         """Token auth from `AUTOPILOT_GITHUB_TOKEN`, or GitHub App credentials when configured."""
-        app_id = getattr(settings, "github_app_id", None)
-        key = getattr(settings, "github_app_private_key", None)
-        installation = getattr(settings, "github_app_installation_id", None)
+        app_id = settings.github_app_id
+        key = settings.github_app_private_key
+        installation = settings.github_app_installation_id
         if app_id and key and installation:
             key_text = key.get_secret_value() if isinstance(key, SecretStr) else str(key)
             auth: Auth.Auth = Auth.AppAuth(app_id, key_text).get_installation_auth(
