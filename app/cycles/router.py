@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Response, status
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Response, status
 
 from app import broker
 from app.api.deps import (
@@ -40,6 +40,7 @@ def _out(cycle: object, steps: object = ()) -> CycleOut:
 def trigger_cycle(
     body: CycleCreate,
     response: Response,
+    background: BackgroundTasks,
     token: TriggerToken,
     stores: Annotated[Stores, Depends(get_stores)],
     settings: Annotated[Settings, Depends(get_settings)],
@@ -60,7 +61,9 @@ def trigger_cycle(
         )
         out = _out(cycle)
     if created:
-        broker.ring_advance(settings, out.id)  # after the commit
+        # After the commit, and after the response is sent: the caller does not wait on the
+        # broker. A doorbell lost here (the process dies first) is rung again by the reaper.
+        background.add_task(broker.ring_advance, settings, out.id)
     else:
         response.status_code = status.HTTP_200_OK
     return out
