@@ -222,7 +222,6 @@ class RunLoop:
 
     def run_one(self, ticket: Ticket) -> None:
         log_path = job_dir(self.settings, ticket.job_id) / "job.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         rt = runtime.allocate_runtime(
             state_dir=self.settings.state_dir.absolute(),
             env=os.environ,
@@ -240,26 +239,40 @@ class RunLoop:
             requirements_hash=ticket.requirements_hash,
         )
         beat = Heartbeat(self, ticket.job_id)
-        with open(log_path, "a", encoding="utf-8") as log_file:
-            on_event = self._event_handler(ticket.job_id, log_file)
-            try:
-                beat.start()
-                outcome = runner.run_job(
-                    launch,
-                    limits=runner.Limits(timeout_s=ticket.time_limit_s),
-                    on_event=on_event,
-                    on_spawn=lambda pid, pgid: self._spawned(ticket.job_id, pid, pgid, beat),
-                )
-                error = None
-            except (runner.LaunchError, jobs.LeaseLost) as exc:
-                outcome, error = None, str(exc)
-            finally:
-                beat.stop()
-            if outcome is not None:
-                log_file.write(outcome.stdout)
-                log_file.write(outcome.stderr)
-        self.pending_cleanup.append(rt)
-        result = self._outcome(ticket, outcome, error, beat.cancelled, log_path)
+        outcome: runner.Outcome | None = None
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a", encoding="utf-8") as log_file:
+                on_event = self._event_handler(ticket.job_id, log_file)
+                try:
+                    beat.start()
+                    outcome = runner.run_job(
+                        launch,
+                        limits=runner.Limits(timeout_s=ticket.time_limit_s),
+                        on_event=on_event,
+                        on_spawn=lambda pid, pgid: self._spawned(ticket.job_id, pid, pgid, beat),
+                    )
+                    error = None
+                except (runner.LaunchError, jobs.LeaseLost) as exc:
+                    outcome, error = None, str(exc)
+                finally:
+                    beat.stop()
+                if outcome is not None:
+                    log_file.write(outcome.stdout)
+                    log_file.write(outcome.stderr)
+            result = self._outcome(ticket, outcome, error, beat.cancelled, log_path)
+        except OSError as exc:
+            # The job's folder cannot be written (its filesystem is full or read-only): record
+            # that as the outcome now. Raising would leave the lease to lapse and the job to be
+            # retried blind until it failed as "lease expired", with the cause lost.
+            result = jobs.JobOutcome(
+                state="failed",
+                error=f"cannot write the job's files in {log_path.parent}: {exc.strerror or exc}",
+                log_path=str(log_path),
+                gpu_seconds=outcome.duration_s if outcome is not None else 0.0,
+            )
+        finally:
+            self.pending_cleanup.append(rt)
         try:
             with self.stores.ops_session() as session:
                 job = jobs.finish(session, ticket.job_id, self.me.name, result)

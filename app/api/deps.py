@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
 from app.db import Stores
@@ -35,6 +35,13 @@ def memory_session(stores: Annotated[Stores, Depends(get_stores)]) -> Iterator[S
 
 
 OpsSession = Annotated[Session, Depends(ops_session)]
+
+# Row ids are 32-bit INTEGER columns: an id beyond that range is invalid input (422), which the
+# database would otherwise reject with an out-of-range error (a 500).
+MAX_ROW_ID = 2**31 - 1
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID)]
+# OFFSET is a 64-bit integer in PostgreSQL; no listing pages anywhere near this far.
+MAX_OFFSET = 1_000_000
 MemorySession = Annotated[Session, Depends(memory_session)]
 
 

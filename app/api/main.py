@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import health, problems
+from app.api import health, openapi, problems
 from app.api.limits import BodySizeLimit
 from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
@@ -43,6 +43,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     app.state.settings = settings
     app.state.stores = stores
     problems.install(app)
+    openapi.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     if settings.cors_origins:  # CORS stays off unless configured
         app.add_middleware(

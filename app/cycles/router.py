@@ -11,6 +11,7 @@ from app.api.deps import (
     AnyToken,
     OpsSession,
     ReviewToken,
+    RowId,
     TriggerToken,
     get_settings,
     get_stores,
@@ -77,18 +78,18 @@ def list_cycles(
 
 
 @router.get("/{cycle_id}", response_model=CycleOut)
-def get_cycle(cycle_id: int, session: OpsSession, _: AnyToken) -> CycleOut:
+def get_cycle(cycle_id: RowId, session: OpsSession, _: AnyToken) -> CycleOut:
     return _out(service.get(session, cycle_id), service.steps(session, cycle_id))
 
 
 @router.post("/{cycle_id}/cancel", response_model=CycleOut)
-def cancel_cycle(cycle_id: int, session: OpsSession, token: TriggerToken) -> CycleOut:
+def cancel_cycle(cycle_id: RowId, session: OpsSession, token: TriggerToken) -> CycleOut:
     return _out(service.cancel(session, cycle_id, token.name))
 
 
 @router.post("/{cycle_id}/review", response_model=CycleOut)
 def review_cycle(
-    cycle_id: int,
+    cycle_id: RowId,
     body: ReviewDecision,
     token: ReviewToken,
     stores: Annotated[Stores, Depends(get_stores)],

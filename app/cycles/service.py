@@ -131,15 +131,25 @@ def create(session: Session, trigger: Trigger, max_live: int | None = None) -> t
 
 
 def stale(session: Session, older_than: datetime) -> list[int]:
-    """Cycles whose doorbell may have been lost: a step to run, nothing heard since."""
-    return list(
-        session.scalars(
-            select(Cycle.id).where(
-                Cycle.state.in_(("planned", "preparing", "analyzing", "committing", "publishing")),
-                Cycle.updated_at < older_than,
-            )
-        ).all()
-    )
+    """Cycles whose doorbell may have been lost: a step to run, nothing heard since; or a cycle
+    still waiting for a job that ended before `older_than` (the job's "advance" doorbell was
+    lost, e.g. rung while the broker was down or dropped by a Redis restart)."""
+    stepping = session.scalars(
+        select(Cycle.id).where(
+            Cycle.state.in_(("planned", "preparing", "analyzing", "committing", "publishing")),
+            Cycle.updated_at < older_than,
+        )
+    ).all()
+    job_ended = session.scalars(
+        select(Cycle.id)
+        .join(Job, Job.id == Cycle.job_id)
+        .where(
+            Cycle.state.in_(("queued", "running")),
+            Job.state.in_(("succeeded", "failed", "cancelled")),
+            Job.finished_at < older_than,
+        )
+    ).all()
+    return sorted({*stepping, *job_ended})
 
 
 def get(session: Session, cycle_id: int) -> Cycle:

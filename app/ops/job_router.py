@@ -11,7 +11,15 @@ from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from app import broker
-from app.api.deps import AnyToken, OpsSession, TriggerToken, get_settings, get_stores
+from app.api.deps import (
+    MAX_OFFSET,
+    AnyToken,
+    OpsSession,
+    RowId,
+    TriggerToken,
+    get_settings,
+    get_stores,
+)
 from app.cycles import config as project_config
 from app.db import Stores
 from app.ops import jobs
@@ -58,7 +66,7 @@ def list_jobs(
     state: JobState | None = None,
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[JobOut]:
     if queue is not None:
         jobs.parse_queue(settings, queue)  # an unknown queue is a 422, not an empty list
@@ -70,18 +78,18 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: int, session: OpsSession, _: AnyToken) -> JobOut:
+def get_job(job_id: RowId, session: OpsSession, _: AnyToken) -> JobOut:
     return JobOut.model_validate(jobs.get(session, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
-def cancel_job(job_id: int, session: OpsSession, token: TriggerToken) -> JobOut:
+def cancel_job(job_id: RowId, session: OpsSession, token: TriggerToken) -> JobOut:
     return JobOut.model_validate(jobs.cancel(session, job_id, by=token.name))
 
 
 @router.get("/jobs/{job_id}/log", response_model=None)
 def job_log(
-    job_id: int,
+    job_id: RowId,
     _: AnyToken,
     request: Request,
     stores: Annotated[Stores, Depends(get_stores)],
