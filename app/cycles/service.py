@@ -226,6 +226,12 @@ class Machine:
                     self._end(cycle_id, attempt, "failed", exc.detail)
                     self._fail(cycle_id, f"{state}: {exc.detail}")
                     continue
+                except Exception as exc:  # a bug or a missing piece: fail it, never hang
+                    log.exception("cycle %s: step %s crashed", cycle_id, state)
+                    detail = f"{type(exc).__name__}: {exc}"
+                    self._end(cycle_id, attempt, "failed", detail)
+                    self._fail(cycle_id, f"{state}: unexpected error: {detail}")
+                    continue
                 self._end(cycle_id, attempt, "done" if moved else "waiting", None)
                 if moved and self.settings.fault_exit_after_step == state:
                     os._exit(137)  # a crash at the worst moment, for the reliability tests
