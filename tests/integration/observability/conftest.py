@@ -22,9 +22,6 @@ def metrics_client(settings: Settings, stores: Stores) -> Iterator[TestClient]:
         yield client
 
 
-NOW = datetime.now(UTC).replace(microsecond=0)
-
-
 @pytest.fixture
 def project_id(stores: Stores) -> int:
     with stores.ops_session() as session:
@@ -45,7 +42,7 @@ def add_job(stores: Stores, project_id: int) -> Callable[..., int]:
                 experiment="probe",
                 queue=queue,
                 state=state,
-                order_key=NOW,
+                order_key=datetime.now(UTC),
                 submitted_at=fields.pop("submitted_at", datetime.now(UTC)),
                 **fields,
             )
@@ -66,7 +63,7 @@ def add_worker(stores: Stores) -> Callable[..., None]:
                     kind="cpu",
                     devices=device,
                     host="host-a",
-                    last_seen=NOW - timedelta(seconds=seen_ago_s),
+                    last_seen=datetime.now(UTC) - timedelta(seconds=seen_ago_s),
                     current_job_id=current_job_id,
                 )
             )
