@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     gpu_kinds: list[str] = Field(default_factory=lambda: ["cpu", "a100", "h100", "h200", "l40s"])
     lease_ttl_s: float = Field(default=30.0, gt=0, description="A lease lapses unless renewed.")
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    gpu_spare_interpreter: bool = Field(
+        default=True,
+        description="While a job runs, park the next job's interpreter (saves its start-up).",
+    )
     reaper_interval_s: float = Field(default=10.0, gt=0)
     schedule_tick_s: float = Field(
         default=60.0, gt=0, description="How often beat checks schedules."

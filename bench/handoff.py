@@ -62,10 +62,10 @@ NOOP = "bench.noop"
 NOOP_QUEUE = "bench.noop"
 
 USER_MODULE = """\
-import json, os, socket
+import json, os, socket, time
 _s = socket.socket(socket.AF_UNIX)
 _s.connect(os.environ["AUTOPILOT_EVENTS"])
-_s.sendall(b'{"type": "started"}\\n')
+_s.sendall(json.dumps({"type": "started", "at": time.time()}).encode() + b"\\n")
 _s.close()
 import time
 spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))

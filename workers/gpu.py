@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,66 @@ def guard_env(settings: Settings, env: venv.Venv, source: Path) -> dict[str, str
 # -- run ---------------------------------------------------------------------------------------
 
 
+class SpareSlot:
+    """At most one parked interpreter (`runner.Spare`) per GPU worker, for its next job.
+
+    It is started while a job runs (once the job's user code has begun, so it costs that job
+    nothing at its own start) for the same venv and environment, and handed the next job if
+    that job fits; the GPU then waits for a pipe write instead of an interpreter start. It
+    lives in the worker process across doorbells; all of it runs on the worker's main thread
+    (PR_SET_PDEATHSIG follows the spawning thread, so a spare dies with its worker).
+    """
+
+    def __init__(self) -> None:
+        self.spare: runner.Spare | None = None
+
+    def take(self, ticket: Ticket) -> runner.Spare | None:
+        """The spare if it can serve `ticket`'s venv and socket budget, else None (closed)."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        if os.path.abspath(spare.venv) == os.path.abspath(ticket.venv) and (
+            spare.runtime.suffix_len >= ticket.suffix_len
+        ):
+            return spare
+        self._discard(spare)
+        return None
+
+    def prestart(self, settings: Settings, me: WorkerIdentity, ticket: Ticket) -> None:
+        if self.spare is not None or not settings.gpu_spare_interpreter:
+            return
+        rt: runtime.RuntimeDir | None = None
+        try:
+            rt = runtime.allocate_runtime(
+                state_dir=settings.state_dir.absolute(),
+                env=os.environ,
+                suffix_len=ticket.suffix_len,
+            )
+            self.spare = runner.Spare(
+                venv=Path(ticket.venv),
+                runtime=rt,
+                cuda_visible_devices=me.device or None,
+                base_env=dict(os.environ),
+                requirements_hash=ticket.requirements_hash,
+            )
+        except Exception:  # an optimisation only: the next job starts cold
+            log.warning("could not park an interpreter for the next job", exc_info=True)
+            if rt is not None:
+                with contextlib.suppress(Exception):
+                    runtime.release_runtime(rt)
+
+    def close(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._discard(spare)
+
+    @staticmethod
+    def _discard(spare: runner.Spare) -> None:
+        spare.close()
+        with contextlib.suppress(Exception):
+            runtime.release_runtime(spare.runtime)
+
+
 @dataclass
 class RunLoop:
     """One GPU worker's loop over its queue."""
@@ -189,6 +249,8 @@ class RunLoop:
     settings: Settings
     me: WorkerIdentity
     pending_cleanup: list[runtime.RuntimeDir] = field(default_factory=list)
+    #: The worker's parked interpreter; None runs every job cold (in-process callers).
+    spares: SpareSlot | None = None
 
     def run_available(self) -> int:
         """Run prepared jobs until none is left; returns how many ran."""
@@ -222,11 +284,15 @@ class RunLoop:
 
     def run_one(self, ticket: Ticket) -> None:
         log_path = job_dir(self.settings, ticket.job_id) / "job.log"
-        rt = runtime.allocate_runtime(
-            state_dir=self.settings.state_dir.absolute(),
-            env=os.environ,
-            suffix_len=ticket.suffix_len,
-        )
+        spare = self.spares.take(ticket) if self.spares is not None else None
+        if spare is not None:
+            rt = spare.runtime
+        else:
+            rt = runtime.allocate_runtime(
+                state_dir=self.settings.state_dir.absolute(),
+                env=os.environ,
+                suffix_len=ticket.suffix_len,
+            )
         launch = runner.Job(
             venv=Path(ticket.venv),
             entry=ticket.entry,
@@ -243,7 +309,7 @@ class RunLoop:
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log_file:
-                on_event = self._event_handler(ticket.job_id, log_file)
+                on_event = self._event_handler(ticket, log_file, beat)
                 try:
                     beat.start()
                     outcome = runner.run_job(
@@ -251,6 +317,7 @@ class RunLoop:
                         limits=runner.Limits(timeout_s=ticket.time_limit_s),
                         on_event=on_event,
                         on_spawn=lambda pid, pgid: self._spawned(ticket.job_id, pid, pgid, beat),
+                        spare=spare,
                     )
                     error = None
                 except (runner.LaunchError, jobs.LeaseLost) as exc:
@@ -258,6 +325,10 @@ class RunLoop:
                 finally:
                     beat.stop()
                 if outcome is not None:
+                    if outcome.launch == "spare":
+                        log_file.write("[launch] handed to the parked interpreter\n")
+                    elif outcome.spare_missed:
+                        log_file.write(f"[launch] started cold: {outcome.spare_missed}\n")
                     log_file.write(outcome.stdout)
                     log_file.write(outcome.stderr)
             result = self._outcome(ticket, outcome, error, beat.cancelled, log_path)
@@ -272,6 +343,8 @@ class RunLoop:
                 gpu_seconds=outcome.duration_s if outcome is not None else 0.0,
             )
         finally:
+            if spare is not None:
+                spare.close()  # no-op once run_job has used it; kills it if we never got there
             self.pending_cleanup.append(rt)
         try:
             with self.stores.ops_session() as session:
@@ -285,16 +358,25 @@ class RunLoop:
 
     def _spawned(self, job_id: int, pid: int, pgid: int, beat: Heartbeat) -> None:
         beat.pgid = pgid
+        beat.spawned_at = time.time()
         with self.stores.ops_session() as session:
             jobs.mark_running(session, job_id, self.me.name, pid, pgid)
 
-    def _event_handler(self, job_id: int, log_file: Any) -> Callable[[dict[str, Any]], None]:
+    def _event_handler(
+        self, ticket: Ticket, log_file: Any, beat: Heartbeat
+    ) -> Callable[[dict[str, Any]], None]:
         def on_event(event: dict[str, Any]) -> None:
             kind = event.get("type")
             if kind == "started":
-                at = datetime.now(UTC)
+                now = time.time()
+                at = first_line_time(event.get("at"), lower=beat.spawned_at, upper=now)
                 with self.stores.ops_session() as session:
-                    jobs.mark_first_line(session, job_id, self.me.name, at)
+                    jobs.mark_first_line(
+                        session, ticket.job_id, self.me.name, datetime.fromtimestamp(at, UTC)
+                    )
+                if self.spares is not None:
+                    # The job's own start is behind it: park the next job's interpreter now.
+                    self.spares.prestart(self.settings, self.me, ticket)
             if kind in ("log", "progress"):
                 log_file.write(f"[{kind}] {event.get('message') or event}\n")
                 log_file.flush()
@@ -344,6 +426,23 @@ class RunLoop:
         )
 
 
+def first_line_time(reported: Any, *, lower: float | None, upper: float) -> float:
+    """When the job's first line of user code ran, as a wall-clock timestamp.
+
+    The `started` event may carry `at` (the job's `time.time()`, same host): used when it lies
+    between the spawn and now, so the parent's own delay in reading the event is not counted
+    as idle GPU time. Otherwise, the moment the event was read.
+    """
+    if (
+        isinstance(reported, int | float)
+        and not isinstance(reported, bool)
+        and lower is not None
+        and lower <= reported <= upper
+    ):
+        return float(reported)
+    return upper
+
+
 @dataclass
 class Ticket:
     """What the GPU path needs of a job, read once at lease time."""
@@ -378,6 +477,7 @@ class Heartbeat:
     def __init__(self, loop: RunLoop, job_id: int) -> None:
         self.loop, self.job_id = loop, job_id
         self.pgid: int | None = None
+        self.spawned_at: float | None = None  # wall clock, set at spawn or hand-over
         self.cancelled = False
         self._killed = False
         self._stop = threading.Event()
@@ -437,9 +537,7 @@ def reap(stores: Stores, settings: Settings) -> jobs.Reaped:
     """Requeue lapsed leases, then ring the doorbells of jobs that waited too long."""
     with stores.ops_session() as session:
         reaped = jobs.reap(session, settings)
-        stale_cycles = cycles.stale(
-            session, jobs.utcnow() - timedelta(seconds=settings.doorbell_stale_s)
-        )
+        stale_cycles = cycles.stale(session, settings, jobs.utcnow())
     for cycle_id in stale_cycles:
         broker.ring_advance(settings, cycle_id)
     for job_id in reaped.prepare_doorbells:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 
+from celery.signals import worker_shutdown
+
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
@@ -15,6 +17,13 @@ log = logging.getLogger(__name__)
 
 # Set by `autopilot worker gpu` before the worker starts (solo pool: same process).
 IDENTITY: gpu.WorkerIdentity | None = None
+# The GPU worker's parked interpreter for its next job, kept across doorbells.
+SPARES = gpu.SpareSlot()
+
+
+@worker_shutdown.connect
+def _close_spare(**_: object) -> None:
+    SPARES.close()
 
 
 @functools.lru_cache(maxsize=1)
@@ -34,7 +43,7 @@ def run_jobs(queue: str, job_id: int | None = None) -> int:
     if me is None or me.queue != queue:
         log.error("doorbell for %s reached a worker that is not a %s GPU worker", queue, queue)
         return 0
-    return gpu.RunLoop(stores(), get_settings(), me).run_available()
+    return gpu.RunLoop(stores(), get_settings(), me, spares=SPARES).run_available()
 
 
 @celery.task(name=broker.REAP)

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
@@ -130,18 +130,20 @@ def create(session: Session, trigger: Trigger, max_live: int | None = None) -> t
     return cycle, True
 
 
-def stale(session: Session, older_than: datetime) -> list[int]:
+def stale(session: Session, settings: Settings, now: datetime) -> list[int]:
     """Cycles whose doorbell may have been lost: a step to run, nothing heard since; or a cycle
-    still waiting for a job that ended before `older_than` (the job's "advance" doorbell was
-    lost, e.g. rung while the broker was down or dropped by a Redis restart)."""
-    stepping = session.scalars(
-        select(Cycle.id).where(
+    still waiting for a job that ended (the job's "advance" doorbell was lost, e.g. rung while
+    the broker was down or dropped by a Redis restart). Each is due again at growing intervals
+    (`jobs.doorbell_due`), so a backlog of cycles is not rung again on every reaper tick."""
+    older_than = now - timedelta(seconds=settings.doorbell_stale_s)
+    stepping = session.execute(
+        select(Cycle.id, Cycle.updated_at).where(
             Cycle.state.in_(("planned", "preparing", "analyzing", "committing", "publishing")),
             Cycle.updated_at < older_than,
         )
     ).all()
-    job_ended = session.scalars(
-        select(Cycle.id)
+    job_ended = session.execute(
+        select(Cycle.id, Job.finished_at)
         .join(Job, Job.id == Cycle.job_id)
         .where(
             Cycle.state.in_(("queued", "running")),
@@ -149,11 +151,17 @@ def stale(session: Session, older_than: datetime) -> list[int]:
             Job.finished_at < older_than,
         )
     ).all()
-    return sorted({*stepping, *job_ended})
+    due = set()
+    for cycle_id, since in (*stepping, *job_ended):
+        waited = (now - (jobs.aware(since) or now)).total_seconds()
+        if jobs.doorbell_due(waited, settings):
+            due.add(cycle_id)
+    return sorted(due)
 
 
 def get(session: Session, cycle_id: int) -> Cycle:
-    cycle = session.get(Cycle, cycle_id)
+    # Ids are 32-bit columns: a larger one names no cycle (PostgreSQL would raise instead).
+    cycle = session.get(Cycle, cycle_id) if 1 <= cycle_id <= 2**31 - 1 else None
     if cycle is None:
         raise CycleNotFound(f"no cycle {cycle_id}; list cycles with GET /api/v1/cycles")
     return cycle

@@ -6,6 +6,7 @@ Every function here runs inside the caller's transaction and only flushes.
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -354,6 +355,22 @@ class Reaped:
     run_doorbells: list[str] = field(default_factory=list)  # queues to ring
 
 
+def doorbell_due(waited_s: float, settings: Settings) -> bool:
+    """Whether the reaper re-rings the doorbell of something waiting `waited_s` seconds.
+
+    At `doorbell_stale_s`, then at 2x, 4x, 8x... that wait: the reaper runs every
+    `reaper_interval_s`, so it sees each window [stale * 2^k, stale * 2^k + interval) about
+    once. A doorbell lost to a broker restart is recovered within one stale period, while a
+    long backlog (the control worker busy with hundreds of jobs) costs each waiting item a
+    few doorbells in all, not one per tick.
+    """
+    stale = settings.doorbell_stale_s
+    if waited_s < stale:
+        return False
+    window = stale * 2.0 ** math.floor(math.log2(waited_s / stale))
+    return waited_s - window < settings.reaper_interval_s
+
+
 def reap(session: Session, settings: Settings) -> Reaped:
     """Return jobs whose lease lapsed to their queue (or fail them after max attempts), and list
     the doorbells to ring again for jobs that waited too long."""
@@ -378,7 +395,9 @@ def reap(session: Session, settings: Settings) -> Reaped:
     stale = repo.stale_before(now, settings.doorbell_stale_s)
     for job in repo.waiting_without_doorbell(session, stale):
         if job.prepared_at is None:
-            reaped.prepare_doorbells.append(job.id)
+            waited = now - (aware(job.submitted_at) or now)
+            if doorbell_due(waited.total_seconds(), settings):
+                reaped.prepare_doorbells.append(job.id)
         elif job.queue not in reaped.run_doorbells:
             reaped.run_doorbells.append(job.queue)
     for job_id in reaped.requeued:

@@ -4,6 +4,11 @@ The job runs as `<venv>/bin/python -m <entry>` in its own session and process gr
 scrubbed environment (`environment.py`). It dies with the worker (PR_SET_PDEATHSIG), is
 stopped as a whole group on timeout (SIGTERM, a grace period, SIGKILL), and whatever it
 leaves in its group when it exits is killed, so no grandchild outlives the job.
+
+A worker that runs jobs back to back can start the next job's interpreter ahead of time
+(`Spare`): the venv's python, started with the job environment it will have, parked before
+any user code until it is handed a job. Handing over costs a pipe write instead of a process
+start (`site`, the venv's `.pth` files: 35-70 ms on a GPU worker, idle GPU time).
 """
 
 from __future__ import annotations
@@ -111,6 +116,8 @@ class Outcome:
     stderr: str = ""
     stdout_bytes: int = 0
     stderr_bytes: int = 0
+    launch: str = "cold"  # "spare": handed to a parked interpreter (`Spare`)
+    spare_missed: str | None = None  # why a spare offered for this job could not run it
 
     @property
     def ok(self) -> bool:
@@ -224,29 +231,200 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
+def _spawn(argv: list[str], cwd: Path, env: dict[str, str], stdin: int) -> subprocess.Popen[bytes]:
+    # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
+    # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
+    # measured no better (an extra exec), so the job's death with the worker is kept this way.
+    return subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # the child leads its own group: pgid == pid
+        close_fds=True,
+        preexec_fn=_child_setup(os.getpid()),
+    )
+
+
+#: What a parked interpreter runs: wait for one line (the job), then become `python -m entry`
+#: exactly as runpy does for `-m` (`__main__`, `sys.argv[0]`, `__spec__`), with the job's own
+#: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
+#: and per-job variables. Its own name is removed from `__main__` before the module runs.
+_PARK = """\
+def _autopilot_park():
+    import os, sys
+    line = sys.stdin.buffer.readline()
+    if not line:
+        raise SystemExit(0)
+    import json
+    go = json.loads(line)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for name in go["unset"]:
+        os.environ.pop(name, None)
+    os.environ.update(go["set"])
+    os.chdir(go["cwd"])
+    sys.path[0:0] = go["path"]
+    del sys.modules["__main__"].__dict__["_autopilot_park"]
+    import runpy
+    runpy._run_module_as_main(go["entry"])
+_autopilot_park()
+"""
+
+#: Variables a parked interpreter takes at hand-over. Every other variable must be the same in
+#: the spare and the job, because the interpreter or the loader reads it only at start-up.
+_HANDED_OVER = frozenset(
+    {
+        "PYTHONPATH",
+        "AUTOPILOT_SPEC",
+        "AUTOPILOT_EVENTS",
+        "AUTOPILOT_RESULT",
+        "AUTOPILOT_REQUIREMENTS_HASH",
+    }
+)
+
+
+def _venv_stamp(venv: Path) -> tuple[int, int]:
+    st = os.stat(os.path.join(os.path.abspath(venv), "pyvenv.cfg"))
+    return st.st_ino, st.st_mtime_ns
+
+
+class Spare:
+    """A venv's interpreter started ahead of its job, parked before any user code.
+
+    Create it from the thread that will run the job (PR_SET_PDEATHSIG follows the spawning
+    thread). It holds its runtime dir, whose paths are in its environment: the job it runs
+    must use that runtime dir. `run_job(job, spare=...)` takes ownership; `close()` kills an
+    unused one (the caller releases the runtime dir).
+    """
+
+    def __init__(
+        self,
+        *,
+        venv: Path,
+        runtime: RuntimeDir,
+        cuda_visible_devices: str | None = None,
+        base_env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        requirements_hash: str | None = None,
+    ) -> None:
+        self.venv = venv
+        self.runtime = runtime
+        self._stamp = _venv_stamp(venv)
+        template = Job(
+            venv=venv,
+            entry="_",
+            cwd=runtime.path,
+            runtime=runtime,
+            spec={},
+            cuda_visible_devices=cuda_visible_devices,
+            extra_env=dict(extra_env or {}),
+            base_env=dict(base_env or {}),
+            requirements_hash=requirements_hash,
+        )
+        self.env = template.env()
+        python = template.python
+        try:
+            self.proc: subprocess.Popen[bytes] = _spawn(
+                [str(python), "-c", _PARK], runtime.path, self.env, subprocess.PIPE
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start a spare {python}: {exc}") from exc
+
+    def fits(self, job: Job) -> str | None:
+        """None when this spare can run `job`; otherwise why not."""
+        if self.proc.poll() is not None:
+            return f"the spare exited ({self.proc.returncode})"
+        if os.path.abspath(job.venv) != os.path.abspath(self.venv):
+            return "another venv"
+        if job.runtime.path != self.runtime.path:
+            return "another runtime dir"
+        try:
+            if _venv_stamp(job.venv) != self._stamp:
+                return "the venv changed since the spare started"
+        except OSError:
+            return "the venv is gone"
+        wanted = job.env()
+        for name in (set(wanted) | set(self.env)) - _HANDED_OVER:
+            if wanted.get(name) != self.env.get(name):
+                return f"{name} differs (read at interpreter start)"
+        return None
+
+    def hand_over(self, job: Job) -> subprocess.Popen[bytes]:
+        wanted = job.env()
+        go = {
+            "entry": job.entry,
+            "cwd": os.path.abspath(job.cwd),
+            "path": [p for p in wanted.get("PYTHONPATH", "").split(os.pathsep) if p],
+            "set": {k: v for k, v in wanted.items() if k in _HANDED_OVER},
+            "unset": sorted(k for k in _HANDED_OVER if k not in wanted),
+        }
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(go).encode() + b"\n")
+            self.proc.stdin.close()
+        except OSError as exc:
+            self.close()
+            raise LaunchError(f"cannot hand the job to the spare interpreter: {exc}") from exc
+        return self.proc
+
+    def close(self) -> None:
+        """Kill the spare's group if it never got a job (idempotent)."""
+        if self.proc.returncode is None and self.proc.poll() is None:
+            _killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
 def run_job(
     job: Job,
     *,
     limits: Limits | None = None,
     on_event: EventCallback | None = None,
     on_spawn: SpawnCallback | None = None,
+    spare: Spare | None = None,
 ) -> Outcome:
     """Run the experiment to completion (or its time limit) and return what happened.
 
     Must be called from the thread that lives as long as the job: PR_SET_PDEATHSIG fires
-    when the spawning *thread* exits.
+    when the spawning *thread* exits. With `spare`, the job runs in that parked interpreter
+    when it fits (`Outcome.launch == "spare"`), else the spare is killed and the job starts
+    cold; either way the spare is used up.
     """
     lim = limits or Limits()
     if not _ENTRY.match(job.entry):
+        if spare is not None:
+            spare.close()
         raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
-    python = job.python
+    if spare is not None and (why := spare.fits(job)) is not None:
+        spare.close()
+        spare, missed = None, why
+    else:
+        missed = None
     env = job.env()
     job.spec_path.write_text(json.dumps(dict(job.spec)))
     with contextlib.suppress(FileNotFoundError):
         job.result_path.unlink()
     listener = _listen(job.runtime.events_path)
     try:
-        return _supervise(job, python, env, listener, lim, on_event, on_spawn)
+        started = time.monotonic()
+        if spare is not None:
+            proc, launch = spare.hand_over(job), "spare"
+        else:
+            try:
+                proc = _spawn([str(job.python), "-m", job.entry], job.cwd, env, subprocess.DEVNULL)
+            except OSError as exc:
+                raise LaunchError(f"cannot start {job.python} -m {job.entry}: {exc}") from exc
+            launch = "cold"
+        outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn)
+        outcome.launch, outcome.spare_missed = launch, missed
+        return outcome
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
@@ -255,33 +433,13 @@ def run_job(
 
 def _supervise(
     job: Job,
-    python: Path,
-    env: dict[str, str],
+    proc: subprocess.Popen[bytes],
+    started: float,
     listener: socket.socket,
     lim: Limits,
     on_event: EventCallback | None,
     on_spawn: SpawnCallback | None,
 ) -> Outcome:
-    started = time.monotonic()
-    argv = [str(python), "-m", job.entry]
-    # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
-    # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
-    # measured no better (an extra exec), so the job's death with the worker is kept this way.
-    setup = _child_setup(os.getpid())
-    try:
-        proc = subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
-            argv,
-            cwd=job.cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=setup,
-        )
-    except OSError as exc:
-        raise LaunchError(f"cannot start {python} -m {job.entry}: {exc}") from exc
     pgid = proc.pid  # start_new_session: the child leads its own group
     sel = selectors.DefaultSelector()
     outs = {"stdout": _Tail(lim.max_output_bytes), "stderr": _Tail(lim.max_output_bytes)}

@@ -415,7 +415,7 @@ def run(
 ) -> tuple[int, dict[str, Any], Path]:
     """Run the spec'd experiment; returns (exit code, result, result path). Never raises."""
     events = events or EventStream(os.environ.get("AUTOPILOT_EVENTS"))
-    events.send({"type": "started", "pid": os.getpid()})
+    events.send({"type": "started", "pid": os.getpid(), "at": time.time()})
     started = time.time()
     args = _parse_args(argv)
     spec_path = args.spec or (Path(p) if (p := os.environ.get("AUTOPILOT_SPEC")) else None)

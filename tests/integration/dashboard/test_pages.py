@@ -177,6 +177,9 @@ def test_finding_page_shows_evidence_and_audit_trail(
     assert 'class="badge f-validated"' in page
     missing = client.get("/dashboard/memory/" + "0" * 32)
     assert missing.status_code == 404
+    # Ids beyond the 32-bit columns name nothing: a 404 page on every back end, not a 500.
+    for path in ("/dashboard/cycles/{}", "/dashboard/cycles/{}/plot.svg"):
+        assert client.get(path.format(2**63)).status_code == 404
 
 
 def test_static_assets_are_local_and_pages_load_nothing_from_elsewhere(

@@ -141,3 +141,44 @@ def _alive(pid: int) -> bool:
     # A zombie has exited; it only waits for its parent (init here) to reap it.
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def parked_interpreters(parent: int) -> list[int]:
+    """Pids of the parked interpreters (`runner.Spare`) whose parent is `parent`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if b"_autopilot_park" in cmdline and int(fields[1]) == parent and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_next_job_runs_in_the_interpreter_parked_for_it(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path, "probe-p")
+    workers.start("control", "control")
+    gpu = workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    first = submit(stores, workers, repo, sleep_s=3)
+    wait_for(lambda: runs(workers, first), timeout=120)
+    # The first job's user code has started: the worker parks an interpreter for the next one.
+    (parked,) = wait_for(lambda: parked_interpreters(gpu.pid), timeout=30)
+    second = submit(stores, workers, repo, sleep_s=0.05)
+    done = wait_for(lambda: finished(stores, second), timeout=120)
+    assert done.state == "succeeded", (done.error, workers.logs())
+    assert runs(workers, second) == [str(parked)]  # it ran in that very process
+    log_text = Path(done.log_path or "").read_text()
+    assert "[launch] handed to the parked interpreter" in log_text
+    assert finished(stores, first) is not None
+    # The second job parked the next one in turn; it dies with its worker (PR_SET_PDEATHSIG).
+    (again,) = wait_for(lambda: parked_interpreters(gpu.pid), timeout=30)
+    assert again != parked
+    workers.kill("gpu")
+    wait_for(lambda: not Path(f"/proc/{again}").exists(), timeout=10)

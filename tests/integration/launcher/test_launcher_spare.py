@@ -1,0 +1,181 @@
+"""Parked interpreters (`Spare`): a job handed to one sees exactly what a cold `-m` start sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workers.launcher.runner import Job, LaunchError, Limits, Spare, run_job
+from workers.launcher.runtime import RuntimeDir
+from workers.launcher.venv import Venv
+
+MakeJob = Callable[..., Job]
+
+#: What the entry module reports about the process it finds itself in.
+INTROSPECT = """
+import json, os, sys
+g = {k for k in globals() if not k.startswith("__")}
+with open(os.environ["AUTOPILOT_RESULT"], "w") as f:
+    json.dump(
+        {
+            "name": __name__,
+            "argv": sys.argv,
+            "file": __file__,
+            "spec": __spec__.name if __spec__ else None,
+            "cwd": os.getcwd(),
+            "path0": sys.path[0],
+            "path": sys.path,
+            "prefix": sys.prefix,
+            "env": dict(os.environ),
+            "stdin": sys.stdin.read(),
+            "main_globals": sorted(g),
+            "tmp": __import__("tempfile").gettempdir(),
+            "pgid_is_pid": os.getpgid(0) == os.getpid(),
+            "safe_path": sys.flags.safe_path,
+        },
+        f,
+    )
+"""
+
+
+def spare_for(job: Job, **kw: Any) -> Spare:
+    return Spare(
+        venv=job.venv,
+        runtime=job.runtime,
+        cuda_visible_devices=job.cuda_visible_devices,
+        base_env=job.base_env,
+        **kw,
+    )
+
+
+def test_a_job_in_a_spare_sees_what_a_cold_start_sees(make_job: MakeJob) -> None:
+    job = make_job(INTROSPECT, requirements_hash="abc123")
+    cold = run_job(job)
+    assert cold.ok, cold.stderr
+    assert cold.launch == "cold"
+
+    spare = spare_for(job)
+    warm = run_job(job, spare=spare)
+    assert warm.ok, warm.stderr
+    assert warm.launch == "spare" and warm.spare_missed is None
+    assert warm.pid == spare.proc.pid
+
+    a, b = cold.result, warm.result
+    for key in ("name", "argv", "file", "spec", "cwd", "path0", "path", "prefix", "stdin", "tmp"):
+        assert a[key] == b[key], key
+    assert a["env"] == b["env"]
+    assert a["name"] == "__main__" and a["argv"] == [a["file"]]
+    assert a["path0"] == str(job.cwd)  # PYTHONPATH's entry first, no script dir
+    assert b["main_globals"] == a["main_globals"]  # nothing of the parking code is left
+    assert b["pgid_is_pid"] and b["safe_path"]
+
+
+def test_a_job_that_does_not_fit_starts_cold_and_the_spare_is_killed(
+    make_job: MakeJob, state_dir: Path
+) -> None:
+    job = make_job(INTROSPECT)
+    spare = spare_for(job, extra_env={"OMP_NUM_THREADS": "3"})  # read at start-up: must match
+    outcome = run_job(job, spare=spare)
+    assert outcome.ok, outcome.stderr
+    assert outcome.launch == "cold"
+    assert outcome.spare_missed == "OMP_NUM_THREADS differs (read at interpreter start)"
+    assert spare.proc.returncode is not None  # killed and reaped
+    assert outcome.result["env"].get("OMP_NUM_THREADS") is None
+
+
+def test_a_dead_spare_is_not_used(make_job: MakeJob) -> None:
+    job = make_job(INTROSPECT)
+    spare = spare_for(job)
+    os.killpg(spare.proc.pid, signal.SIGKILL)
+    spare.proc.wait()
+    outcome = run_job(job, spare=spare)
+    assert outcome.ok, outcome.stderr
+    assert outcome.launch == "cold"
+    assert outcome.spare_missed is not None and "exited" in outcome.spare_missed
+
+
+def test_another_venv_starts_cold(
+    make_job: MakeJob, state_dir: Path, runtime_dir: RuntimeDir, venv: Venv
+) -> None:
+    from workers.launcher.venv import ensure_venv
+
+    other = ensure_venv(state_dir, "other", [], system_site_packages=True)
+    job = make_job(INTROSPECT)
+    spare = Spare(venv=other.path, runtime=runtime_dir, base_env=job.base_env)
+    outcome = run_job(job, spare=spare)
+    assert outcome.launch == "cold" and outcome.spare_missed == "another venv"
+    assert outcome.result["prefix"] == os.path.abspath(venv.path)
+
+
+def test_a_spare_job_is_killed_on_timeout_and_leaves_nothing(make_job: MakeJob) -> None:
+    job = make_job(
+        """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+open(os.path.join(os.environ["TMPDIR"], "child.pid"), "w").write(str(child.pid))
+time.sleep(60)
+"""
+    )
+    outcome = run_job(job, spare=spare_for(job), limits=Limits(timeout_s=1.0, grace_s=0.3))
+    assert outcome.launch == "spare"
+    assert outcome.timed_out and outcome.signal == "SIGKILL"
+    child = int((job.runtime.path / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists():
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                break
+        assert time.monotonic() < deadline, "the grandchild outlived the job"
+        time.sleep(0.01)
+
+
+def test_a_missing_entry_fails_as_it_would_cold(make_job: MakeJob) -> None:
+    job = make_job("", entry="no_such_module")
+    cold = run_job(job)
+    warm = run_job(job, spare=spare_for(job))
+    assert warm.launch == "spare"
+    assert cold.returncode == warm.returncode == 1
+    assert "No module named no_such_module" in cold.stderr
+    assert "No module named no_such_module" in warm.stderr
+
+
+def test_an_unused_spare_closes_cleanly(make_job: MakeJob) -> None:
+    job = make_job(INTROSPECT)
+    spare = spare_for(job)
+    pid = spare.proc.pid
+    spare.close()
+    spare.close()  # idempotent
+    assert spare.proc.returncode is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_bad_entry_still_uses_up_the_spare(make_job: MakeJob) -> None:
+    job = make_job(INTROSPECT, entry="bad-name")
+    spare = spare_for(job)
+    with pytest.raises(LaunchError, match="dotted module name"):
+        run_job(job, spare=spare)
+    assert spare.proc.returncode is not None
+
+
+def test_spec_reaches_a_spare_job(make_job: MakeJob) -> None:
+    job = make_job(
+        """
+import json, os
+spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))
+json.dump(spec, open(os.environ["AUTOPILOT_RESULT"], "w"))
+""",
+        spec={"parameters": {"k": 7}},
+    )
+    outcome = run_job(job, spare=spare_for(job))
+    assert outcome.launch == "spare"
+    assert outcome.result == json.loads(json.dumps({"parameters": {"k": 7}}))
