@@ -252,13 +252,13 @@ def _spawn(argv: list[str], cwd: Path, env: dict[str, str], stdin: int) -> subpr
 #: exactly as runpy does for `-m` (`__main__`, `sys.argv[0]`, `__spec__`), with the job's own
 #: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
 #: and per-job variables. Its own name is removed from `__main__` before the module runs.
+#: `runpy` (which `-m` imports anyway) and `json` are imported while parked.
 _PARK = """\
 def _autopilot_park():
-    import os, sys
+    import json, os, runpy, sys
     line = sys.stdin.buffer.readline()
     if not line:
         raise SystemExit(0)
-    import json
     go = json.loads(line)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -269,7 +269,6 @@ def _autopilot_park():
     os.chdir(go["cwd"])
     sys.path[0:0] = go["path"]
     del sys.modules["__main__"].__dict__["_autopilot_park"]
-    import runpy
     runpy._run_module_as_main(go["entry"])
 _autopilot_park()
 """
