@@ -153,6 +153,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "AUTOPILOT_OPS_URL": settings.ops_database_url,
             "AUTOPILOT_BROKER_URL": settings.broker_url,
             "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": str(settings.venv_system_site_packages).lower(),
+            "AUTOPILOT_GPU_SPARE_INTERPRETER": str(settings.gpu_spare_interpreter).lower(),
             "PYTHONPATH": str(ROOT),
         }
     )
@@ -272,6 +273,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             ops_url=ops_url,
             broker_url=args.broker,
             venv_system_site_packages=args.system_site_packages,
+            gpu_spare_interpreter=not args.no_spare,
         )
         migrate.upgrade(settings)
         stores = Stores.from_settings(settings)
@@ -368,6 +370,7 @@ def _measure(
         "broker": settings.broker_url.split("://")[0],
         "ops_db": make_url(settings.ops_database_url).get_backend_name(),
         "venv": "system-site-packages" if settings.venv_system_site_packages else "isolated",
+        "spare_interpreter": settings.gpu_spare_interpreter,
         "jobs": n,
         "job_s": args.job_s,
         "gaps_measured": len(gaps),
@@ -409,6 +412,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--broker", default="filesystem://", help="filesystem:// or redis://...")
     ap.add_argument("--ops-url", default=None, help="PostgreSQL server URL; default SQLite")
+    ap.add_argument(
+        "--no-spare",
+        action="store_true",
+        help="start every job cold (no parked interpreter): the ablation",
+    )
     ap.add_argument("--jobs", type=int, default=0, help="override the number of jobs")
     ap.add_argument("--job-s", type=float, default=0.5, help="each job's length")
     ap.add_argument(
