@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.launcher.guard import run_guard
-from workers.launcher.runner import Job, Limits, run_job
+from workers.launcher.runner import Job, Limits, Spare, run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
 from workers.launcher.venv import ensure_venv
 
@@ -72,11 +72,26 @@ def main() -> None:
         cache = work / "state" / "guard-cache"
         base_env = dict(os.environ)
 
-        def launch(check_cached: bool) -> tuple[float, float, float]:
-            """One launch: (first line - start, prep time, spawn-to-first-line)."""
+        def launch(check_cached: bool, parked: bool = False) -> tuple[float, float, float]:
+            """One launch: (first line - start, prep time, spawn-to-first-line).
+
+            `parked`: as a GPU worker's second and later jobs run, handed to an interpreter
+            parked ahead of time (`Spare`, started and settled before the clock starts)."""
             first: list[float] = []
+            spare: Spare | None = None
+            if parked:
+                rt = allocate_runtime(state_dir=work / "state", env=base_env)
+                spare = Spare(
+                    venv=venv.path,
+                    runtime=rt,
+                    cuda_visible_devices="",
+                    base_env=base_env,
+                    requirements_hash=venv.requirements_hash,
+                )
+                time.sleep(0.15)  # let it finish starting: on a worker it started a job ago
             t0 = time.monotonic()
-            rt = allocate_runtime(state_dir=work / "state", env=base_env)
+            if not parked:
+                rt = allocate_runtime(state_dir=work / "state", env=base_env)
             try:
                 job = Job(
                     venv=venv.path,
@@ -104,12 +119,19 @@ def main() -> None:
                     raise SystemExit("the guard cache was cold on a warm launch")
                 t_spawn = time.monotonic()
                 out = run_job(
-                    job, limits=Limits(timeout_s=60), on_event=lambda e: first.append(float(e["t"]))
+                    job,
+                    limits=Limits(timeout_s=60),
+                    on_event=lambda e: first.append(float(e["t"])),
+                    spare=spare,
                 )
             finally:
+                if spare is not None:
+                    spare.close()
                 release_runtime(rt)
             if out.returncode != 0 or not first:
                 raise SystemExit(f"user module failed: {out.stderr}")
+            if out.launch != ("spare" if parked else "cold"):
+                raise SystemExit(f"launched {out.launch}: {out.spare_missed}")
             return first[0] - t0, t_spawn - t0, first[0] - t_spawn
 
         m_env = {
@@ -146,6 +168,7 @@ def main() -> None:
         spawn: list[float] = []
         base: list[float] = []
         plain_m: list[float] = []
+        warm: list[float] = []
         for i in range(pairs):
             order = (0, 1) if i % 2 == 0 else (1, 0)
             for side in order:
@@ -157,6 +180,7 @@ def main() -> None:
                 else:
                     base.append(bare())
             plain_m.append(bare_m())
+            warm.append(launch(check_cached=True, parked=True)[0])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -179,6 +203,8 @@ def main() -> None:
         "prep_s": round(statistics.median(prep), 5),
         "spawn_to_first_line_s": round(statistics.median(spawn), 5),
         "guard_cold_s": round(guard_cold_s, 4),
+        "parked_first_line_s": round(statistics.median(warm), 5),
+        "parked_ratio": round(statistics.median(warm) / med_base, 3),
         "machine": {
             "cpu": _cpu_model(),
             "cores": os.cpu_count(),
