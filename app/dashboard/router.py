@@ -1,6 +1,7 @@
 """The review dashboard: server-rendered pages under /dashboard (review queue, PR detail with the
 decision form, cycles, GPU queue, memory). Every page works without JavaScript; the one script
-only reloads live pages.
+keeps live pages current: it listens to `/dashboard/live/<topic>` (server-sent events,
+`live.py`) and swaps in the page's fresh `<main>` when told it changed.
 
 Mount with `app.include_router(dashboard_router)`: the router carries its own paths, the `/`
 redirect and its static files, so no StaticFiles mount is needed.
@@ -13,11 +14,11 @@ from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Form, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from app.cycles import service as cycles
-from app.dashboard import auth, evidence, views
+from app.dashboard import auth, evidence, live, views
 from app.db import Stores
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound, Unauthorized
 from app.forge.base import ProjectRef
@@ -34,7 +35,7 @@ STATIC = {
 }
 PAGE_CSP = (
     "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
-    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 # An SVG opened directly must not run anything: no scripts, no loads, sandboxed.
 SVG_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
@@ -91,6 +92,11 @@ def render(
     status_code: int = 200,
     **context: Any,
 ) -> HTMLResponse:
+    topic = context.pop("live_topic", None)
+    if topic is not None and viewer is not None:
+        # The page subscribes to its topic's stream from the version it was rendered at.
+        context["live_url"] = f"{PREFIX}/live/{topic}"
+        context["live_version"] = live.version(_stores(request), topic)
     html = templates.get_template(name).render(
         request_path=request.url.path, viewer=viewer, **context
     )
@@ -237,6 +243,7 @@ def review_queue(
         decided=decided,
         projects=projects,
         filters=filters,
+        live_topic="cycles",
     )
 
 
@@ -268,6 +275,7 @@ def _cycle_page(
         done=done,
         forge=_settings(request).forge,
         live=page.cycle.state in cycles.LIVE,
+        live_topic="cycles" if page.cycle.state in cycles.LIVE else None,
     )
 
 
@@ -398,6 +406,7 @@ def cycle_list(request: Request, project: str | None = None, state: str | None =
         filters=filters,
         states=states,
         live=any(r.cycle.state in cycles.LIVE for r in rows),
+        live_topic="cycles",
     )
 
 
@@ -407,7 +416,30 @@ def gpu_queue(request: Request) -> Response:
     if viewer is None:
         return _to_login(request)
     page = views.gpu_queue(_settings(request), _stores(request))
-    return render(request, "gpu_queue.html", viewer, page=page, live=True)
+    return render(request, "gpu_queue.html", viewer, page=page, live=True, live_topic="queue")
+
+
+@dashboard_router.get(PREFIX + "/live/{topic}")
+def live_stream(
+    request: Request,
+    topic: str,
+    since: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """Server-sent events: `changed` whenever what `topic`'s pages show has moved on."""
+    viewer = _viewer(request)
+    if viewer is None:
+        return Response("sign in first", status_code=401, media_type="text/plain")
+    if topic not in live.TOPICS:
+        known = ", ".join(sorted(live.TOPICS))
+        return Response(
+            f"no live topic {topic!r}; one of {known}", status_code=404, media_type="text/plain"
+        )
+    last = request.headers.get("last-event-id", "")[:64] or since
+    return StreamingResponse(
+        live.stream(_stores(request), topic, last, request.is_disconnected),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 # -- research memory ----------------------------------------------------------------------------

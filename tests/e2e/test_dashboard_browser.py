@@ -83,12 +83,25 @@ def test_review_in_the_browser_approve_and_reject(
         ops.create_project(session, ProjectCreate(name=PROJECT, repo_url=str(repo)))
         _, trigger = ops.create_token(session, "ci", ["trigger"])
         _, reviewer = ops.create_token(session, "reviewer", ["review"])
+    # A reader keeps the (empty) cycles page open while the cycles run: it follows them live.
+    watcher = browser.new_context(viewport=LAPTOP).new_page()
+    _sign_in(watcher, base, reviewer, "/dashboard/cycles")
+    assert "No cycles" in watcher.locator("main").inner_text()
+    watcher.evaluate("window.__sameDocument = true")  # gone if the page ever reloads
+
     workers.start("control", "control", "--beat")
     workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
     first = _trigger(base, trigger, 0.05)
     second = _trigger(base, trigger, 0.2)  # a different parameter point
     first_findings = _await_review(live_server, first, workers)
     second_findings = _await_review(live_server, second, workers)
+
+    for cycle_id in (first, second):
+        row = watcher.locator("tr", has=watcher.locator(f'a[href="/dashboard/cycles/{cycle_id}"]'))
+        row.locator(".badge.s-awaiting_review").wait_for(timeout=30_000)
+    assert watcher.evaluate("window.__sameDocument === true")  # updated in place, no reload
+    watcher.screenshot(path=str(screenshots / "00-cycles-live.png"), full_page=True)
+    watcher.context.close()
 
     # -- approve the first, with the keyboard ------------------------------------------------
     context = browser.new_context(viewport=LAPTOP)

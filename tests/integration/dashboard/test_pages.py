@@ -45,7 +45,8 @@ def test_cycles_list_shows_state_step_timings_and_cost(
     assert f'href="/dashboard/cycles/{made.cycle_id}"' in page
     assert "planned 250 ms" in page and "preparing 2.5 s" in page
     assert "1.5 GPU-s" in page and 'class="badge s-running"' in page
-    assert 'data-refresh="5"' in page and '<meta http-equiv="refresh"' in page  # live
+    # live: a stream to follow with JavaScript, a periodic refresh without it
+    assert 'data-live-url="/dashboard/live/cycles"' in page and '<meta http-equiv="refresh"' in page
     assert "/dashboard/static/dashboard.js" in page
     detail = client.get(f"/dashboard/cycles/{made.cycle_id}").text
     assert "venv &lt;reused&gt;" in detail and "2.5 s" in detail
@@ -57,7 +58,8 @@ def test_cycles_empty_state(client: TestClient, tokens: dict[str, str]) -> None:
     login(client, tokens["reader"])
     page = client.get("/dashboard/cycles").text
     assert "No cycles" in page and "POST /api/v1/cycles" in page and "autopilot worker" in page
-    assert "data-refresh" not in page  # nothing live: no reloading
+    assert '<meta http-equiv="refresh"' not in page  # nothing running: no reloading
+    assert 'data-live-url="/dashboard/live/cycles"' in page  # a first cycle will appear
 
 
 def test_gpu_queue_shows_queues_jobs_workers_and_both_budgets(

@@ -1,0 +1,92 @@
+"""Live parts of the dashboard: a server-sent-events stream that says when a page is stale.
+
+A live page (cycles, a running cycle, the GPU queue, the review queue) carries the *version* of
+what it shows: a short hash of the ops rows it depends on (counts and latest timestamps). Its
+script subscribes to `/dashboard/live/<topic>`; the stream polls that version once a second and
+sends `event: changed` when it moves, and the page then fetches itself and swaps its `<main>`.
+The stream carries no data, only "look again": what a reader may see stays decided by the page
+routes and their checks. Without JavaScript the pages fall back to a periodic reload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from sqlalchemy import func, select
+
+from app.db import Stores
+from app.ops.models import Cycle, CycleStep, Job, Lease, Worker
+
+_JOBS = (
+    func.count(Job.id),
+    func.max(Job.submitted_at),
+    func.max(Job.prepared_at),
+    func.max(Job.leased_at),
+    func.max(Job.first_line_at),
+    func.max(Job.finished_at),
+    func.max(Job.wait_reason),
+)
+#: What each topic's pages show, as the rows whose change makes them stale.
+TOPICS: dict[str, tuple[tuple[Any, ...], ...]] = {
+    # cycles list, a cycle's page, the review queue
+    "cycles": (
+        (func.count(Cycle.id), func.max(Cycle.updated_at)),
+        (func.count(CycleStep.id), func.max(CycleStep.finished_at)),
+        _JOBS,
+    ),
+    # the GPU queue: jobs, who holds them (heartbeats show progress), the workers
+    "queue": (
+        _JOBS,
+        (func.count(Lease.id), func.max(Lease.heartbeat_at)),
+        (func.count(Worker.id), func.max(Worker.current_job_id)),
+    ),
+}
+
+POLL_S = 1.0
+KEEPALIVE_S = 15.0
+#: A stream ends after this long; EventSource reconnects on its own (with Last-Event-ID).
+MAX_STREAM_S = 300.0
+RETRY_MS = 3000
+
+
+def version(stores: Stores, topic: str) -> str:
+    """The version of what `topic`'s pages show (16 hex digits)."""
+    with stores.ops_session() as session:
+        parts = [tuple(session.execute(select(*columns)).one()) for columns in TOPICS[topic]]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+async def stream(
+    stores: Stores,
+    topic: str,
+    since: str | None,
+    is_disconnected: Callable[[], Any],
+    *,
+    poll_s: float = POLL_S,
+    max_s: float = MAX_STREAM_S,
+) -> AsyncIterator[str]:
+    """`event: changed` each time the topic's version moves away from the last one sent."""
+    yield f"retry: {RETRY_MS}\n\n"
+    last = since
+    elapsed = since_keepalive = 0.0
+    while elapsed < max_s:
+        if await is_disconnected():
+            return
+        try:
+            current = await anyio.to_thread.run_sync(version, stores, topic)
+        except Exception:  # the ops DB is unreachable: end; the browser retries later
+            return
+        if current != last:
+            if last is not None:
+                yield f"id: {current}\nevent: changed\ndata: {current}\n\n"
+                since_keepalive = 0.0
+            last = current
+        elif since_keepalive >= KEEPALIVE_S:
+            yield ": keep-alive\n\n"
+            since_keepalive = 0.0
+        await anyio.sleep(poll_s)
+        elapsed += poll_s
+        since_keepalive += poll_s
