@@ -444,6 +444,11 @@ class Machine:
                 _set_state(session, cycle, "cancelled", error="its job was cancelled")
             else:
                 _set_state(session, cycle, "failed", error=f"job {job.id} failed: {job.error}")
+            # Its GPU is free again: the project's oldest cycle deferred for budget may go now,
+            # rather than at the next schedule tick (a peak budget frees with every job).
+            resumed = resume_deferred(session, self.settings, cycle.project_id, limit=1)
+        for other in resumed:
+            broker.ring_advance(self.settings, other)
         return True
 
     def analyze(self, cycle_id: int) -> bool:
@@ -829,3 +834,21 @@ def schedule_tick(session: Session, settings: Settings) -> list[int]:
             ring.append(cycle.id)
     session.flush()
     return ring
+
+
+def resume_deferred(session: Session, settings: Settings, project_id: int, limit: int) -> list[int]:
+    """Return up to `limit` of the project's oldest `deferred_budget` cycles to `planned`
+    when its budgets allow a job now; the caller rings them after commit."""
+    owner = session.get(Project, project_id)
+    if owner is None or jobs.blocked_by_budget(session, settings, None, owner) is not None:
+        return []
+    waiting = session.scalars(
+        select(Cycle)
+        .where(Cycle.project_id == project_id, Cycle.state == "deferred_budget")
+        .order_by(Cycle.id)
+        .limit(limit)
+    ).all()
+    for cycle in waiting:
+        _set_state(session, cycle, "planned")
+    session.flush()
+    return [c.id for c in waiting]

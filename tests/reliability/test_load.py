@@ -19,10 +19,12 @@ from sqlalchemy import func, select
 
 from app import broker
 from app.cycles import config as project_config
+from app.cycles import service as cycle_service
 from app.db import Stores
+from app.forge.models import PullRequestRecord as PullRequestRow
 from app.ops import jobs
 from app.ops import service as ops
-from app.ops.models import Job
+from app.ops.models import Cycle, Job
 from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.reliability.conftest import (
@@ -132,4 +134,124 @@ def test_jobs_queued_against_two_gpu_workers(
         "submit_s": round(submitted_s, 1),
         "wall_s": round(wall_s, 1),
         "jobs_per_s": round(len(ids) / wall_s, 2),
+    }
+
+
+CYCLES = int(os.environ.get("AUTOPILOT_RELIABILITY_LOAD_CYCLES", "500"))
+
+
+def _cycles_settled(stores: Stores, ids: list[int]) -> int:
+    with stores.ops_session() as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(Cycle)
+                .where(
+                    Cycle.id.in_(ids),
+                    Cycle.state.not_in((*cycle_service.LIVE, "deferred_budget")),
+                )
+            )
+            or 0
+        )
+
+
+@pytest.mark.timeout(CYCLES * 3 + 300)
+def test_cycles_queued_against_two_gpu_workers(
+    workers: Workers, stores: Stores, tmp_path: Path, backend: Backend, figures: dict[str, Any]
+) -> None:
+    """Whole cycles (plan, prepare, run, analyse, commit, publish) triggered at once: each
+    reaches review with one job run once and one pull request; the budgets hold (cycles of
+    the capped project wait as `deferred_budget` and resume, never overlapping on the GPU)."""
+    production_variant_only(backend.name)
+    workers.settings = workers.settings.model_copy(
+        update={
+            "lease_ttl_s": 30.0,
+            "doorbell_stale_s": 60.0,
+            "reaper_interval_s": 5.0,
+            "max_live_cycles_per_project": CYCLES,
+            # Cycles of the capped project wait as deferred_budget while its GPU is in use;
+            # beat's schedule tick resumes them (every 60 s in production).
+            "schedule_tick_s": 2.0,
+        }
+    )
+    settings = workers.settings
+    capped_repo, free_repo = make_repo(tmp_path, "cyc-capped"), make_repo(tmp_path, "cyc-free")
+    capped_id = ensure_project(stores, capped_repo, budget_concurrent_gpus=1)
+    ensure_project(stores, free_repo)
+
+    workers.start("control", "control", "--beat")
+    workers.start("gpu0", "gpu", "--kind", "cpu", "--device", "0")
+    workers.start("gpu1", "gpu", "--kind", "cpu", "--device", "1")
+    began = time.monotonic()
+    with stores.ops_session() as session:
+        ids = []
+        for i in range(CYCLES):
+            repo = (capped_repo, free_repo)[i % 2]
+            cycle, created = cycle_service.create(
+                session,
+                cycle_service.Trigger(
+                    project=repo.name,
+                    experiment="probe",
+                    parameters={"sleep_s": SLEEP_S, "grandchild": 0},
+                    trigger="load-test",
+                ),
+                max_live=CYCLES,
+            )
+            assert created
+            ids.append(cycle.id)
+    for cycle_id in ids:
+        broker.ring_advance(settings, cycle_id)
+    submitted_s = time.monotonic() - began
+
+    wait_for(
+        lambda: _cycles_settled(stores, ids) == len(ids), timeout=CYCLES * 3 + 120, interval=1.0
+    )
+    wall_s = time.monotonic() - began
+    with stores.ops_session() as session:
+        rows = session.scalars(select(Cycle).where(Cycle.id.in_(ids))).all()
+        states = {c.id: (c.state, c.error) for c in rows}
+        job_ids = [c.job_id for c in rows if c.job_id is not None]
+        pr_heads = session.execute(
+            select(PullRequestRow.head).where(
+                PullRequestRow.project.in_((capped_repo.name, free_repo.name))
+            )
+        ).all()
+        pr_numbers = {(c.project_id, c.pr_number) for c in rows}
+    assert {s for s, _ in states.values()} == {"awaiting_review"}, {
+        i: s for i, s in states.items() if s[0] != "awaiting_review"
+    }
+    # One job per cycle, run once; one pull request per cycle, each on its own branch.
+    assert len(job_ids) == len(set(job_ids)) == len(ids)
+    jobs_by_id = job_rows(stores, job_ids)
+    assert [i for i, r in jobs_by_id.items() if r.attempts != 1] == []
+    # The probe appends its pid to runs.txt beside its working tree; cycles' worktrees share
+    # parents, so count the starts over those files: exactly one per job.
+    run_files = {Path(r.workdir or "").parent / "runs.txt" for r in jobs_by_id.values()}
+    starts = [pid for f in run_files for pid in f.read_text().split()]
+    assert len(starts) == len(set(starts)) == len(ids)
+    assert len(pr_heads) == len({h for (h,) in pr_heads}) == len(ids)
+    assert len(pr_numbers) == len(ids) and None not in {n for _, n in pr_numbers}
+    capped = sorted(
+        (_aware(r.leased_at), _aware(r.finished_at))
+        for r in jobs_by_id.values()
+        if r.project_id == capped_id
+    )
+    overlaps = sum(nxt[0] < prev[1] for prev, nxt in zip(capped, capped[1:], strict=False))
+    assert overlaps == 0
+    lost = sum(r.state != "succeeded" for r in jobs_by_id.values())
+    duplicated = len(starts) - sum(r.attempts for r in jobs_by_id.values())
+    assert lost == 0 and duplicated == 0
+    figures[f"load_cycles[{variant(backend.name, settings)}]"] = {
+        "cycles": len(ids),
+        "awaiting_review": len(ids),
+        "pull_requests": len(pr_heads),
+        "jobs": len(jobs_by_id),
+        "experiment_starts": len(starts),
+        "lost": lost,
+        "duplicated": duplicated,
+        "gpu_workers": 2,
+        "capped_project_overlaps": overlaps,
+        "submit_s": round(submitted_s, 1),
+        "wall_s": round(wall_s, 1),
+        "cycles_per_s": round(len(ids) / wall_s, 2),
     }

@@ -13,7 +13,7 @@ from app.cycles import service
 from app.db import Stores
 from app.errors import InvalidInput
 from app.ops import service as ops
-from app.ops.models import Cycle
+from app.ops.models import Cycle, Job
 from app.ops.schemas import ProjectCreate
 from app.settings import Settings
 from tests.support import bearer
@@ -66,6 +66,36 @@ def test_deferred_cycle_resumes_when_the_budget_allows(stores: Stores, settings:
     with stores.ops_session() as session:
         assert service.schedule_tick(session, settings) == [cycle_id]
         assert service.get(session, cycle_id).state == "planned"
+
+
+def test_a_freed_gpu_resumes_the_oldest_deferred_cycle_only(
+    stores: Stores, settings: Settings
+) -> None:
+    project(stores)
+    with stores.ops_session() as session:
+        ops.get_project(session, "sched").budget_concurrent_gpus = 1
+        made = [service.create(session, service.Trigger(project="sched"))[0] for _ in range(3)]
+        for cycle in made:
+            cycle.state = "deferred_budget"
+        ids = [c.id for c in made]
+        project_id = made[0].project_id
+        busy = Job(
+            project_id=project_id,
+            experiment="probe",
+            queue="gpu.cpu",
+            state="running",
+            order_key=made[0].created_at,
+        )
+        session.add(busy)
+    with stores.ops_session() as session:  # its one GPU is in use: nothing resumes
+        assert service.resume_deferred(session, settings, project_id, limit=1) == []
+    with stores.ops_session() as session:
+        session.get(Job, busy.id).state = "succeeded"  # type: ignore[union-attr]
+    with stores.ops_session() as session:
+        assert service.resume_deferred(session, settings, project_id, limit=1) == [ids[0]]
+    with stores.ops_session() as session:
+        states = [service.get(session, i).state for i in ids]
+    assert states == ["planned", "deferred_budget", "deferred_budget"]
 
 
 def test_autopilot_route(stores: Stores, settings: Settings, tmp_path: Path) -> None:

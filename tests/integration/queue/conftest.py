@@ -127,6 +127,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "AUTOPILOT_HEARTBEAT_INTERVAL_S": str(settings.heartbeat_interval_s),
             "AUTOPILOT_REAPER_INTERVAL_S": str(settings.reaper_interval_s),
             "AUTOPILOT_DOORBELL_STALE_S": str(settings.doorbell_stale_s),
+            "AUTOPILOT_SCHEDULE_TICK_S": str(settings.schedule_tick_s),
         }
     )
     return env
