@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 HARNESS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "harness"
 CLEANUP_BATCH = 8
 # Fields prepare_job adds to a job's spec for the runner; the experiment never sees them.
-RUNNER_SPEC_KEYS = frozenset({"entry", "socket_suffix_len", "requirements_hash"})
+RUNNER_SPEC_KEYS = frozenset({"entry", "socket_suffix_len", "requirements_hash", "preload"})
 
 
 def _last_line(text: str) -> str:
@@ -107,7 +107,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
             env=guard_env(settings, env, source),
             cwd=source,
             entry=entry,
-            modules=experiment.imports,
+            modules=[*experiment.imports, *cfg.project.preload],
             worktree=source,
             requirements_hash=env.requirements_hash,
             cache_dir=settings.state_dir.absolute() / "guard-cache",
@@ -130,6 +130,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
                 "entry": entry,
                 "socket_suffix_len": experiment.socket_suffix_len,
                 "requirements_hash": env.requirements_hash,
+                "preload": list(cfg.project.preload),
             }
     if prepared:
         broker.ring_gpu(settings, queue, job_id)
@@ -200,8 +201,10 @@ class SpareSlot:
         spare, self.spare = self.spare, None
         if spare is None:
             return None
-        if os.path.abspath(spare.venv) == os.path.abspath(ticket.venv) and (
-            spare.runtime.suffix_len >= ticket.suffix_len
+        if (
+            os.path.abspath(spare.venv) == os.path.abspath(ticket.venv)
+            and spare.runtime.suffix_len >= ticket.suffix_len
+            and spare.preload == ticket.preload
         ):
             return spare
         self._discard(spare)
@@ -223,6 +226,7 @@ class SpareSlot:
                 cuda_visible_devices=me.device or None,
                 base_env=dict(os.environ),
                 requirements_hash=ticket.requirements_hash,
+                preload=ticket.preload,
             )
         except Exception:  # an optimisation only: the next job starts cold
             log.warning("could not park an interpreter for the next job", exc_info=True)
@@ -488,6 +492,7 @@ class Ticket:
     time_limit_s: float
     suffix_len: int
     requirements_hash: str | None
+    preload: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, job: Job) -> Ticket:
@@ -501,6 +506,7 @@ class Ticket:
             time_limit_s=job.time_limit_s,
             suffix_len=int(job.spec.get("socket_suffix_len", 40)),
             requirements_hash=job.spec.get("requirements_hash"),
+            preload=tuple(str(m) for m in job.spec.get("preload") or ()),
         )
 
 

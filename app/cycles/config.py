@@ -108,6 +108,20 @@ class ProjectSection(BaseModel):
     python_requirements: list[str] = Field(default_factory=list)
     protected_paths: list[str] = Field(default_factory=list)
     schedule: str | None = Field(default=None, description="'every 2h' or a cron expression")
+    preload: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="venv modules (e.g. torch) a GPU worker imports in the interpreter it "
+        "parks for the next job, so their import is not GPU idle time",
+    )
+
+    @field_validator("preload")
+    @classmethod
+    def _modules(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENTRY.fullmatch(name):
+                raise ValueError(f"{name!r} is not a dotted module name like 'torch' or 'a.b'")
+        return value
 
     @field_validator("name", "gpu_kind")
     @classmethod

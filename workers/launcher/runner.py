@@ -252,10 +252,15 @@ def _spawn(argv: list[str], cwd: Path, env: dict[str, str], stdin: int) -> subpr
 #: exactly as runpy does for `-m` (`__main__`, `sys.argv[0]`, `__spec__`), with the job's own
 #: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
 #: and per-job variables. Its own name is removed from `__main__` before the module runs.
-#: `runpy` (which `-m` imports anyway) and `json` are imported while parked.
+#: `runpy` (which `-m` imports anyway) and `json` are imported while parked, and so are the
+#: project's `preload` modules (argv; from the venv only: no job path is on `sys.path` yet).
 _PARK = """\
 def _autopilot_park():
     import json, os, runpy, sys
+    preload = sys.argv[1:]
+    del sys.argv[1:]
+    for name in preload:
+        __import__(name)
     line = sys.stdin.buffer.readline()
     if not line:
         raise SystemExit(0)
@@ -309,9 +314,14 @@ class Spare:
         base_env: Mapping[str, str] | None = None,
         extra_env: Mapping[str, str] | None = None,
         requirements_hash: str | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
+        bad = [name for name in preload if not _ENTRY.match(name)]
+        if bad:
+            raise LaunchError(f"preload {bad[0]!r} is not a dotted module name")
         self.venv = venv
         self.runtime = runtime
+        self.preload = tuple(preload)
         self._stamp = _venv_stamp(venv)
         template = Job(
             venv=venv,
@@ -328,7 +338,7 @@ class Spare:
         python = template.python
         try:
             self.proc: subprocess.Popen[bytes] = _spawn(
-                [str(python), "-c", _PARK], runtime.path, self.env, subprocess.PIPE
+                [str(python), "-c", _PARK, *self.preload], runtime.path, self.env, subprocess.PIPE
             )
         except OSError as exc:
             raise LaunchError(f"cannot start a spare {python}: {exc}") from exc

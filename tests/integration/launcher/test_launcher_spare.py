@@ -179,3 +179,38 @@ json.dump(spec, open(os.environ["AUTOPILOT_RESULT"], "w"))
     outcome = run_job(job, spare=spare_for(job))
     assert outcome.launch == "spare"
     assert outcome.result == json.loads(json.dumps({"parameters": {"k": 7}}))
+
+
+PRELOADED = """
+import json, os, sys
+with open(os.environ["AUTOPILOT_RESULT"], "w") as f:
+    json.dump({"loaded": "xml.dom.minidom" in sys.modules, "argv": sys.argv}, f)
+"""
+
+
+def test_preloaded_modules_are_imported_before_the_job_and_leave_argv_alone(
+    make_job: MakeJob,
+) -> None:
+    job = make_job(PRELOADED)
+    cold = run_job(job)
+    warm = run_job(job, spare=spare_for(job, preload=["xml.dom.minidom"]))
+    assert warm.launch == "spare", warm.stderr
+    assert cold.result["loaded"] is False and warm.result["loaded"] is True
+    assert warm.result["argv"] == cold.result["argv"]  # the module names were argv, now gone
+
+
+def test_a_preload_that_fails_leaves_a_dead_spare_and_the_job_starts_cold(
+    make_job: MakeJob,
+) -> None:
+    job = make_job(PRELOADED)
+    spare = spare_for(job, preload=["no_such_module_anywhere"])
+    spare.proc.wait(timeout=30)  # it exits at start-up on the import error
+    outcome = run_job(job, spare=spare)
+    assert outcome.ok and outcome.launch == "cold"
+    assert outcome.spare_missed == "the spare exited (1)"
+
+
+def test_a_preload_name_must_be_a_module_name(make_job: MakeJob) -> None:
+    job = make_job(PRELOADED)
+    with pytest.raises(LaunchError, match="not a dotted module name"):
+        spare_for(job, preload=["os; import this"])

@@ -59,6 +59,14 @@ def test_config_errors_name_file_key_and_form() -> None:
         config.parse(TOML + "\n[experiments.e.surprise]\nx = 1\n")
 
 
+def test_preload_takes_module_names_only() -> None:
+    with_preload = TOML.replace('name = "demo"', 'name = "demo"\npreload = ["torch", "a.b"]')
+    assert config.parse(with_preload).project.preload == ["torch", "a.b"]
+    with pytest.raises(config.ConfigError) as caught:
+        config.parse(TOML.replace('name = "demo"', 'name = "demo"\npreload = ["-c"]'))
+    assert "project.preload" in caught.value.detail and "dotted module name" in caught.value.detail
+
+
 def test_parameters_outside_the_space_are_refused() -> None:
     experiment = config.parse(TOML).experiment("e")
     assert experiment.check_parameters({"n": 2}) == {"n": 2, "mode": "a"}
