@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.launcher import venv as venv_mod
 from workers.launcher.venv import COMPLETE_MARKER, VenvError, interpreter_path
 
 #: Per-job paths: they differ on every launch and do not change what imports from where.
@@ -282,6 +283,8 @@ def _check_modules(
     allowed = [os.path.realpath(venv), found["prefix_real"]]
     allowed += [os.path.realpath(p) for p in found["stdlib"]]
     allowed += [os.path.realpath(p) for p in found["base_site"]]  # only there when included
+    # ...and, over a base that is itself a venv, that venv's site-packages (venv.py links it)
+    allowed += [os.path.realpath(p) for p in venv_mod.inherited_site_dirs(venv)]
     if worktree is not None:
         allowed.append(os.path.realpath(worktree))
     user_site = found.get("user_site")

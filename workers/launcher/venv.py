@@ -189,6 +189,20 @@ def _build(
         _run_logged(install, log, report, "install", install_timeout_s)
 
 
+#: Written into a venv built with system site packages over a base that is itself a venv.
+PARENT_VENV_PTH = "_autopilot_parent_venv.pth"
+
+
+def inherited_site_dirs(venv: Path) -> list[str]:
+    """The parent venv's site-packages a venv reaches through `PARENT_VENV_PTH` (its system
+    site packages, in effect), or none."""
+    dirs: list[str] = []
+    lib = Path(os.path.abspath(venv)) / "lib"
+    for pth in lib.glob(f"python*/site-packages/{PARENT_VENV_PTH}"):
+        dirs += [line for line in pth.read_text().splitlines() if line.startswith("/")]
+    return dirs
+
+
 def _inherit_parent_venv(target: Path, base_python: str) -> None:
     """`--system-site-packages` exposes the *base* interpreter's packages. When the base is
     itself a venv (the service's, holding torch), a .pth file adds that venv's site-packages
@@ -209,7 +223,7 @@ def _inherit_parent_venv(target: Path, base_python: str) -> None:
     if first != "True" or not paths:
         return
     for site_dir in (target / "lib").glob("python*/site-packages"):
-        (site_dir / "_autopilot_parent_venv.pth").write_text("\n".join(paths) + "\n")
+        (site_dir / PARENT_VENV_PTH).write_text("\n".join(paths) + "\n")
 
 
 def _run_logged(

@@ -6,12 +6,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from workers.launcher import guard
+from workers.launcher import venv as venv_mod
 from workers.launcher.environment import build_child_env
 from workers.launcher.venv import (
     COMPLETE_MARKER,
@@ -201,3 +203,19 @@ def test_user_site_is_not_trusted(venv: Venv, tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout.strip() == "False"
+
+
+def test_packages_inherited_from_a_parent_venv_count_as_system_site(
+    venv: Venv, tmp_path: Path
+) -> None:
+    """The fixture venv is built with system site packages from the test run's own venv: its
+    packages (pytest here, torch on a worker) are the venv's system site, not strays."""
+    inherited = venv_mod.inherited_site_dirs(venv.path)
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests do not run in a venv: nothing is inherited")
+    assert inherited and all(Path(p).is_dir() for p in inherited)
+    report = guard.run_guard(
+        venv.path, env=_job_env(venv.path, tmp_path), cwd=tmp_path, modules=["pytest"]
+    )
+    assert report.ok, report.render()
+    assert not venv_mod.inherited_site_dirs(tmp_path)  # a folder without the link: none
