@@ -225,10 +225,11 @@ def test_cycles_queued_against_two_gpu_workers(
     jobs_by_id = job_rows(stores, job_ids)
     assert [i for i, r in jobs_by_id.items() if r.attempts != 1] == []
     # The probe appends its pid to runs.txt beside its working tree; cycles' worktrees share
-    # parents, so count the starts over those files: exactly one per job.
+    # parents, so count the starts over those files: exactly one per job. (Pids are not
+    # unique over a run this long: the kernel reuses them.)
     run_files = {Path(r.workdir or "").parent / "runs.txt" for r in jobs_by_id.values()}
     starts = [pid for f in run_files for pid in f.read_text().split()]
-    assert len(starts) == len(set(starts)) == len(ids)
+    assert len(starts) == len(ids)
     assert len(pr_heads) == len({h for (h,) in pr_heads}) == len(ids)
     assert len(pr_numbers) == len(ids) and None not in {n for _, n in pr_numbers}
     capped = sorted(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 import pytest
@@ -56,35 +58,53 @@ def test_the_stream_needs_a_session_and_a_known_topic(
     assert missing.status_code == 404 and "one of cycles, queue" in missing.text
 
 
-@pytest.mark.anyio
-async def test_the_stream_says_changed_when_a_cycle_moves(stores: Stores) -> None:
+def run_in_own_loop(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run `body` on an event loop of its own thread: the browser tests' Playwright keeps a
+    loop running on the main thread for the whole session."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            anyio.run(body)
+        except BaseException as exc:  # re-raised in the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="live-stream-test")
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the stream test did not finish in 60 s"
+    if failure:
+        raise failure[0]
+
+
+def test_the_stream_says_changed_when_a_cycle_moves(stores: Stores) -> None:
     since = live.version(stores, "cycles")
 
     async def connected() -> bool:
         return False
 
-    events: AsyncIterator[str] = live.stream(
-        stores, "cycles", since, connected, poll_s=0.01, max_s=30
-    )
-    assert await anext(events) == "retry: 3000\n\n"
-    cycle_id = await anyio.to_thread.run_sync(add_cycle, stores)
-    with anyio.fail_after(20):
-        changed = await anext(events)
-    moved = live.version(stores, "cycles")
-    assert changed == f"id: {moved}\nevent: changed\ndata: {moved}\n\n"
-    with stores.ops_session() as session:
-        cycle = session.get(Cycle, cycle_id)
-        assert cycle is not None
-        cycle.state = "preparing"
-        cycle.updated_at = cycle.updated_at.replace(year=cycle.updated_at.year + 1)
-    with anyio.fail_after(20):
-        again = await anext(events)
-    assert again.startswith("id: ") and moved not in again
-    await events.aclose()  # type: ignore[attr-defined]
+    async def body() -> None:
+        events = live.stream(stores, "cycles", since, connected, poll_s=0.01, max_s=30)
+        assert await anext(events) == "retry: 3000\n\n"
+        cycle_id = await anyio.to_thread.run_sync(add_cycle, stores)
+        with anyio.fail_after(20):
+            changed = await anext(events)
+        moved = live.version(stores, "cycles")
+        assert changed == f"id: {moved}\nevent: changed\ndata: {moved}\n\n"
+        with stores.ops_session() as session:
+            cycle = session.get(Cycle, cycle_id)
+            assert cycle is not None
+            cycle.state = "preparing"
+            cycle.updated_at = cycle.updated_at.replace(year=cycle.updated_at.year + 1)
+        with anyio.fail_after(20):
+            again = await anext(events)
+        assert again.startswith("id: ") and moved not in again
+        await events.aclose()  # type: ignore[attr-defined]
+
+    run_in_own_loop(body)
 
 
-@pytest.mark.anyio
-async def test_a_stale_version_is_told_at_once_and_a_disconnect_ends_the_stream(
+def test_a_stale_version_is_told_at_once_and_a_disconnect_ends_the_stream(
     stores: Stores,
 ) -> None:
     gone = False
@@ -92,15 +112,14 @@ async def test_a_stale_version_is_told_at_once_and_a_disconnect_ends_the_stream(
     async def disconnected() -> bool:
         return gone
 
-    events = live.stream(stores, "queue", "0" * 16, disconnected, poll_s=0.01, max_s=30)
-    assert await anext(events) == "retry: 3000\n\n"
-    with anyio.fail_after(20):
-        assert "event: changed" in await anext(events)
-    gone = True
-    with anyio.fail_after(20), pytest.raises(StopAsyncIteration):
-        await anext(events)
+    async def body() -> None:
+        nonlocal gone
+        events = live.stream(stores, "queue", "0" * 16, disconnected, poll_s=0.01, max_s=30)
+        assert await anext(events) == "retry: 3000\n\n"
+        with anyio.fail_after(20):
+            assert "event: changed" in await anext(events)
+        gone = True
+        with anyio.fail_after(20), pytest.raises(StopAsyncIteration):
+            await anext(events)
 
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+    run_in_own_loop(body)
