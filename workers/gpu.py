@@ -38,6 +38,8 @@ from workers.launcher import guard, runner, runtime, venv
 log = logging.getLogger(__name__)
 HARNESS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "harness"
 CLEANUP_BATCH = 8
+#: A parked interpreter older than this is not used (nor kept): the next job starts cold.
+SPARE_MAX_IDLE_S = 1800.0
 # Fields prepare_job adds to a job's spec for the runner; the experiment never sees them.
 RUNNER_SPEC_KEYS = frozenset({"entry", "socket_suffix_len", "requirements_hash", "preload"})
 
@@ -201,6 +203,9 @@ class SpareSlot:
         spare, self.spare = self.spare, None
         if spare is None:
             return None
+        if time.monotonic() - spare.started_at > SPARE_MAX_IDLE_S:
+            self._discard(spare)  # parked for long: the venv or its files may have moved on
+            return None
         if (
             os.path.abspath(spare.venv) == os.path.abspath(ticket.venv)
             and spare.runtime.suffix_len >= ticket.suffix_len
@@ -246,6 +251,12 @@ class SpareSlot:
             runtime.release_runtime(spare.runtime)
 
 
+def release_all(batch: list[runtime.RuntimeDir]) -> None:
+    for rt in batch:
+        with contextlib.suppress(Exception):
+            runtime.release_runtime(rt)
+
+
 @dataclass
 class RunLoop:
     """One GPU worker's loop over its queue."""
@@ -265,15 +276,24 @@ class RunLoop:
         """
         ran = 0
         done: tuple[Ticket, jobs.JobOutcome] | None = None
-        while True:
-            ticket = self._settle_and_lease(done)
-            if ticket is None:
-                break
-            done = (ticket, self.run_one(ticket))
-            ran += 1
-            if len(self.pending_cleanup) >= CLEANUP_BATCH:
-                self.cleanup()
-        self.cleanup()
+        try:
+            while True:
+                # (on an error it has stored the outcome itself before raising)
+                finished, done = done, None
+                ticket = self._settle_and_lease(finished)
+                if ticket is None:
+                    break
+                if len(self.pending_cleanup) >= CLEANUP_BATCH:
+                    # Off the GPU's path and after the outcomes are stored: a slow removal
+                    # never holds a finished job's lease past its TTL.
+                    batch, self.pending_cleanup = self.pending_cleanup, []
+                    threading.Thread(
+                        target=release_all, args=(batch,), name="runtime-cleanup", daemon=True
+                    ).start()
+                done = (ticket, self.run_one(ticket))
+                ran += 1
+        finally:
+            self.cleanup()
         return ran
 
     def _settle_and_lease(self, done: tuple[Ticket, jobs.JobOutcome] | None) -> Ticket | None:
@@ -317,14 +337,16 @@ class RunLoop:
             return None
 
     def _ring(self, cycle_id: int | None) -> None:
-        if cycle_id is not None:
+        if cycle_id is None:
+            return
+        try:
             broker.ring_advance(self.settings, cycle_id)
+        except Exception:  # the broker is away: the reaper re-rings stale cycles (cycles.stale)
+            log.warning("cycle %s: advance doorbell not sent", cycle_id, exc_info=True)
 
     def cleanup(self) -> None:
-        for rt in self.pending_cleanup:
-            with contextlib.suppress(Exception):
-                runtime.release_runtime(rt)
-        self.pending_cleanup.clear()
+        batch, self.pending_cleanup = self.pending_cleanup, []
+        release_all(batch)
 
     def run_one(self, ticket: Ticket) -> jobs.JobOutcome:
         """Run one leased job; returns its outcome for `_settle_and_lease` to store."""

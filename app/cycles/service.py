@@ -847,6 +847,9 @@ def resume_deferred(session: Session, settings: Settings, project_id: int, limit
         .where(Cycle.project_id == project_id, Cycle.state == "deferred_budget")
         .order_by(Cycle.id)
         .limit(limit)
+        # two jobs ending at once resume two cycles, not the same one twice (PostgreSQL;
+        # SQLite serialises its writers anyway)
+        .with_for_update(skip_locked=True)
     ).all()
     for cycle in waiting:
         _set_state(session, cycle, "planned")

@@ -11,6 +11,8 @@ routes and their checks. Without JavaScript the pages fall back to a periodic re
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -37,10 +39,11 @@ TOPICS: dict[str, tuple[tuple[Any, ...], ...]] = {
         (func.count(CycleStep.id), func.max(CycleStep.finished_at)),
         _JOBS,
     ),
-    # the GPU queue: jobs, who holds them (heartbeats show progress), the workers
+    # the GPU queue: jobs, who holds them, the workers (not heartbeats: every running job
+    # would then make every open queue page fetch itself once a second)
     "queue": (
         _JOBS,
-        (func.count(Lease.id), func.max(Lease.heartbeat_at)),
+        (func.count(Lease.id), func.max(Lease.job_id)),
         (func.count(Worker.id), func.max(Worker.current_job_id)),
     ),
 }
@@ -57,6 +60,29 @@ def version(stores: Stores, topic: str) -> str:
     with stores.ops_session() as session:
         parts = [tuple(session.execute(select(*columns)).one()) for columns in TOPICS[topic]]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+class _Shared:
+    """One version read per topic and interval, whatever the number of open streams."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, str], tuple[float, str]] = {}
+        self._lock = threading.Lock()
+
+    def version(self, stores: Stores, topic: str, max_age_s: float) -> str:
+        key = (id(stores), topic)
+        now = time.monotonic()
+        with self._lock:
+            cached = self._seen.get(key)
+            if cached is not None and now - cached[0] < max_age_s:
+                return cached[1]
+        current = version(stores, topic)
+        with self._lock:
+            self._seen[key] = (now, current)
+        return current
+
+
+_shared = _Shared()
 
 
 async def stream(
@@ -76,7 +102,7 @@ async def stream(
         if await is_disconnected():
             return
         try:
-            current = await anyio.to_thread.run_sync(version, stores, topic)
+            current = await anyio.to_thread.run_sync(_shared.version, stores, topic, poll_s * 0.9)
         except Exception:  # the ops DB is unreachable: end; the browser retries later
             return
         if current != last:

@@ -94,9 +94,12 @@ def render(
 ) -> HTMLResponse:
     topic = context.pop("live_topic", None)
     if topic is not None and viewer is not None:
-        # The page subscribes to its topic's stream from the version it was rendered at.
+        # The page subscribes to its topic's stream from the version read *before* its data,
+        # so a change in between is reported, not lost.
         context["live_url"] = f"{PREFIX}/live/{topic}"
-        context["live_version"] = live.version(_stores(request), topic)
+        context.setdefault("live_version", live.version(_stores(request), topic))
+    else:
+        context.pop("live_version", None)
     html = templates.get_template(name).render(
         request_path=request.url.path, viewer=viewer, **context
     )
@@ -231,6 +234,7 @@ def review_queue(
     if viewer is None:
         return _to_login(request)
     filters = {"project": _filter(project), "verdict": _filter(verdict), "state": _filter(state)}
+    version = live.version(_stores(request), "cycles")
     try:
         waiting, decided, projects = views.review_queue(_stores(request), **filters)
     except NotFound as exc:
@@ -244,6 +248,7 @@ def review_queue(
         projects=projects,
         filters=filters,
         live_topic="cycles",
+        live_version=version,
     )
 
 
@@ -257,6 +262,7 @@ def _cycle_page(
     note: str = "",
     done: str | None = None,
 ) -> Response:
+    version = live.version(_stores(request), "cycles")
     try:
         page = views.cycle_page(
             _settings(request), _stores(request), cycle_id, f"{PREFIX}/cycles/{cycle_id}/plot.svg"
@@ -276,6 +282,7 @@ def _cycle_page(
         forge=_settings(request).forge,
         live=page.cycle.state in cycles.LIVE,
         live_topic="cycles" if page.cycle.state in cycles.LIVE else None,
+        live_version=version,
     )
 
 
@@ -392,6 +399,7 @@ def cycle_list(request: Request, project: str | None = None, state: str | None =
     if viewer is None:
         return _to_login(request)
     filters = {"project": _filter(project), "state": _filter(state)}
+    version = live.version(_stores(request), "cycles")
     try:
         rows, projects = views.cycle_list(_stores(request), **filters)
     except NotFound as exc:
@@ -407,6 +415,7 @@ def cycle_list(request: Request, project: str | None = None, state: str | None =
         states=states,
         live=any(r.cycle.state in cycles.LIVE for r in rows),
         live_topic="cycles",
+        live_version=version,
     )
 
 
@@ -415,8 +424,17 @@ def gpu_queue(request: Request) -> Response:
     viewer = _viewer(request)
     if viewer is None:
         return _to_login(request)
+    version = live.version(_stores(request), "queue")
     page = views.gpu_queue(_settings(request), _stores(request))
-    return render(request, "gpu_queue.html", viewer, page=page, live=True, live_topic="queue")
+    return render(
+        request,
+        "gpu_queue.html",
+        viewer,
+        page=page,
+        live=True,
+        live_topic="queue",
+        live_version=version,
+    )
 
 
 @dashboard_router.get(PREFIX + "/live/{topic}")

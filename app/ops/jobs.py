@@ -355,10 +355,14 @@ class Reaped:
     run_doorbells: list[str] = field(default_factory=list)  # queues to ring
 
 
+#: Re-ringing backs off from `doorbell_stale_s` up to this many times it (8 min by default).
+DOORBELL_BACKOFF_CAP = 16
+
+
 def doorbell_due(waited_s: float, settings: Settings) -> bool:
     """Whether the reaper re-rings the doorbell of something waiting `waited_s` seconds.
 
-    At `doorbell_stale_s`, then at 2x, 4x, 8x... that wait: the reaper runs every
+    At `doorbell_stale_s`, then at 2x, 4x, 8x... that wait (then every 16x): the reaper runs every
     `reaper_interval_s`, so it sees each window [stale * 2^k, stale * 2^k + interval) about
     once. A doorbell lost to a broker restart is recovered within one stale period, while a
     long backlog (the control worker busy with hundreds of jobs) costs each waiting item a
@@ -367,6 +371,9 @@ def doorbell_due(waited_s: float, settings: Settings) -> bool:
     stale = settings.doorbell_stale_s
     if waited_s < stale:
         return False
+    cap = stale * DOORBELL_BACKOFF_CAP
+    if waited_s >= cap:  # then every `cap` seconds: a missed window never waits for hours
+        return (waited_s - cap) % cap < settings.reaper_interval_s
     window = stale * 2.0 ** math.floor(math.log2(waited_s / stale))
     return waited_s - window < settings.reaper_interval_s
 

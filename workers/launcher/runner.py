@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 import re
+import select
 import selectors
 import signal
 import socket
@@ -231,7 +232,9 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
-def _spawn(argv: list[str], cwd: Path, env: dict[str, str], stdin: int) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], cwd: Path, env: dict[str, str], stdin: int, pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
     # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
     # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
     # measured no better (an extra exec), so the job's death with the worker is kept this way.
@@ -244,6 +247,7 @@ def _spawn(argv: list[str], cwd: Path, env: dict[str, str], stdin: int) -> subpr
         stderr=subprocess.PIPE,
         start_new_session=True,  # the child leads its own group: pgid == pid
         close_fds=True,
+        pass_fds=tuple(pass_fds),
         preexec_fn=_child_setup(os.getpid()),
     )
 
@@ -253,14 +257,22 @@ def _spawn(argv: list[str], cwd: Path, env: dict[str, str], stdin: int) -> subpr
 #: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
 #: and per-job variables. Its own name is removed from `__main__` before the module runs.
 #: `runpy` (which `-m` imports anyway) and `json` are imported while parked, and so are the
-#: project's `preload` modules (argv; from the venv only: no job path is on `sys.path` yet).
+#: project's `preload` modules (argv; from the venv only: no job path is on `sys.path` yet);
+#: then it says it is ready on a pipe of its own (argv[1]) and waits for its job.
 _PARK = """\
 def _autopilot_park():
     import json, os, runpy, sys
-    preload = sys.argv[1:]
+    ready, preload = int(sys.argv[1]), sys.argv[2:]
     del sys.argv[1:]
-    for name in preload:
-        __import__(name)
+    try:
+        for name in preload:
+            __import__(name)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        os._exit(3)
+    os.write(ready, b"R")
+    os.close(ready)
     line = sys.stdin.buffer.readline()
     if not line:
         raise SystemExit(0)
@@ -289,6 +301,10 @@ _HANDED_OVER = frozenset(
         "AUTOPILOT_REQUIREMENTS_HASH",
     }
 )
+
+
+#: How long a job waits for a spare still importing its preloads before starting cold.
+SPARE_READY_TIMEOUT_S = 60.0
 
 
 def _venv_stamp(venv: Path) -> tuple[int, int]:
@@ -336,12 +352,37 @@ class Spare:
         )
         self.env = template.env()
         python = template.python
+        self.started_at = time.monotonic()
+        self._ready = False
+        self._ready_fd, ready_w = os.pipe()
         try:
             self.proc: subprocess.Popen[bytes] = _spawn(
-                [str(python), "-c", _PARK, *self.preload], runtime.path, self.env, subprocess.PIPE
+                [str(python), "-c", _PARK, str(ready_w), *self.preload],
+                runtime.path,
+                self.env,
+                subprocess.PIPE,
+                pass_fds=(ready_w,),
             )
         except OSError as exc:
+            os.close(self._ready_fd)
             raise LaunchError(f"cannot start a spare {python}: {exc}") from exc
+        finally:
+            os.close(ready_w)
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """None once the spare has imported its preloads and waits for a job; else why not.
+
+        A spare still importing is waited for (it is ahead of a cold start, which would import
+        the same); one whose preload failed has exited without saying it was ready."""
+        if self._ready:
+            return None
+        readable, _, _ = select.select([self._ready_fd], [], [], timeout_s)
+        if not readable:
+            return f"the spare was not ready within {timeout_s:g} s"
+        if os.read(self._ready_fd, 1) != b"R":
+            return f"the spare exited before it was ready ({self.proc.wait()})"
+        self._ready = True
+        return None
 
     def fits(self, job: Job) -> str | None:
         """None when this spare can run `job`; otherwise why not."""
@@ -360,7 +401,11 @@ class Spare:
         for name in (set(wanted) | set(self.env)) - _HANDED_OVER:
             if wanted.get(name) != self.env.get(name):
                 return f"{name} differs (read at interpreter start)"
-        return None
+        for top in sorted({name.split(".")[0] for name in self.preload}):
+            for entry in job.pythonpath:
+                if (Path(entry) / top).exists() or (Path(entry) / f"{top}.py").exists():
+                    return f"the job's {entry} has its own {top!r}, which the spare preloaded"
+        return self.wait_ready(SPARE_READY_TIMEOUT_S)
 
     def hand_over(self, job: Job) -> subprocess.Popen[bytes]:
         wanted = job.env()
@@ -389,6 +434,10 @@ class Spare:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+        if self._ready_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._ready_fd)
+            self._ready_fd = -1
 
 
 def run_job(
@@ -403,41 +452,47 @@ def run_job(
 
     Must be called from the thread that lives as long as the job: PR_SET_PDEATHSIG fires
     when the spawning *thread* exits. With `spare`, the job runs in that parked interpreter
-    when it fits (`Outcome.launch == "spare"`), else the spare is killed and the job starts
-    cold; either way the spare is used up.
+    when it fits and takes the job (`Outcome.launch == "spare"`), else the job starts cold
+    (`Outcome.spare_missed` says why); either way the spare is used up.
     """
     lim = limits or Limits()
-    if not _ENTRY.match(job.entry):
-        if spare is not None:
-            spare.close()
-        raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
-    if spare is not None and (why := spare.fits(job)) is not None:
-        spare.close()
-        spare, missed = None, why
-    else:
-        missed = None
-    env = job.env()
-    job.spec_path.write_text(json.dumps(dict(job.spec)))
-    with contextlib.suppress(FileNotFoundError):
-        job.result_path.unlink()
-    listener = _listen(job.runtime.events_path)
+    launch, missed = "cold", None
     try:
-        started = time.monotonic()
-        if spare is not None:
-            proc, launch = spare.hand_over(job), "spare"
-        else:
-            try:
-                proc = _spawn([str(job.python), "-m", job.entry], job.cwd, env, subprocess.DEVNULL)
-            except OSError as exc:
-                raise LaunchError(f"cannot start {job.python} -m {job.entry}: {exc}") from exc
-            launch = "cold"
-        outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn)
-        outcome.launch, outcome.spare_missed = launch, missed
-        return outcome
-    finally:
-        listener.close()
+        if not _ENTRY.match(job.entry):
+            raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
+        if spare is not None and (missed := spare.fits(job)) is not None:
+            spare.close()
+            spare = None
+        env = job.env()
+        job.spec_path.write_text(json.dumps(dict(job.spec)))
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(job.runtime.events_path)
+            job.result_path.unlink()
+        listener = _listen(job.runtime.events_path)
+        try:
+            started = time.monotonic()
+            proc: subprocess.Popen[bytes] | None = None
+            if spare is not None:
+                try:
+                    proc, launch = spare.hand_over(job), "spare"
+                except LaunchError as exc:  # it died just now: start cold instead
+                    missed, started = str(exc), time.monotonic()
+            if proc is None:
+                try:
+                    proc = _spawn(
+                        [str(job.python), "-m", job.entry], job.cwd, env, subprocess.DEVNULL
+                    )
+                except OSError as exc:
+                    raise LaunchError(f"cannot start {job.python} -m {job.entry}: {exc}") from exc
+            outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn)
+            outcome.launch, outcome.spare_missed = launch, missed
+            return outcome
+        finally:
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(job.runtime.events_path)
+    finally:
+        if spare is not None and launch != "spare":
+            spare.close()
 
 
 def _supervise(

@@ -197,6 +197,15 @@ def inherited_site_dirs(venv: Path) -> list[str]:
     """The parent venv's site-packages a venv reaches through `PARENT_VENV_PTH` (its system
     site packages, in effect), or none."""
     dirs: list[str] = []
+    try:
+        cfg = (Path(os.path.abspath(venv)) / "pyvenv.cfg").read_text()
+    except OSError:
+        return dirs
+    settings = dict(
+        (k.strip(), v.strip()) for k, _, v in (line.partition("=") for line in cfg.splitlines())
+    )
+    if settings.get("include-system-site-packages") != "true":
+        return dirs  # the link means something only in a venv that includes system site
     lib = Path(os.path.abspath(venv)) / "lib"
     for pth in lib.glob(f"python*/site-packages/{PARENT_VENV_PTH}"):
         dirs += [line for line in pth.read_text().splitlines() if line.startswith("/")]

@@ -361,8 +361,9 @@ def test_queue_summary_counts_depth_and_oldest(stores: Stores, settings: Setting
 
 def test_a_long_wait_is_rung_again_at_doubling_intervals_not_every_tick(settings: Settings) -> None:
     settings = settings.model_copy(update={"doorbell_stale_s": 30.0, "reaper_interval_s": 10.0})
-    # One reaper tick every 10 s over 10 minutes of waiting: rung at 30, 60, 120, 240, 480 s.
-    ticks = [float(t) for t in range(0, 600, 10)]
+    # One reaper tick every 10 s over 33 minutes of waiting: rung at 30, 60, 120, 240, 480 s,
+    # then every 480 s (16 x stale) so that a missed window never costs hours.
+    ticks = [float(t) for t in range(0, 2000, 10)]
     rung = [t for t in ticks if jobs.doorbell_due(t + 0.5, settings)]
-    assert rung == [30.0, 60.0, 120.0, 240.0, 480.0]
+    assert rung == [30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1440.0, 1920.0]
     assert not jobs.doorbell_due(29.9, settings)
