@@ -18,8 +18,13 @@
       return field.checked !== field.defaultChecked;
     }
     if (field.tagName === "SELECT") {
-      for (var i = 0; i < field.options.length; i++) {
-        if (field.options[i].selected !== field.options[i].defaultSelected) { return true; }
+      // A single select with no `selected` option starts on its first option.
+      var options = field.options;
+      var marked = false;
+      for (var i = 0; i < options.length; i++) { marked = marked || options[i].defaultSelected; }
+      for (var j = 0; j < options.length; j++) {
+        var initially = options[j].defaultSelected || (!marked && !field.multiple && j === 0);
+        if (options[j].selected !== initially) { return true; }
       }
       return false;
     }
