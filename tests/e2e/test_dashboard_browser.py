@@ -88,6 +88,9 @@ def test_review_in_the_browser_approve_and_reject(
     _sign_in(watcher, base, reviewer, "/dashboard/cycles")
     assert "No cycles" in watcher.locator("main").inner_text()
     watcher.evaluate("window.__sameDocument = true")  # gone if the page ever reloads
+    # The reader starts changing a filter and leaves it unsent: the page must not swap under it.
+    watcher.get_by_label("Project").select_option(PROJECT)
+    watcher.locator("h1").click()  # focus leaves the field; the form stays changed
 
     workers.start("control", "control", "--beat")
     workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
@@ -96,6 +99,9 @@ def test_review_in_the_browser_approve_and_reject(
     first_findings = _await_review(live_server, first, workers)
     second_findings = _await_review(live_server, second, workers)
 
+    assert "No cycles" in watcher.locator("main").inner_text()  # held while the form changed
+    watcher.get_by_label("Project").select_option("")  # back as it was: the update comes in
+    watcher.locator("h1").click()
     for cycle_id in (first, second):
         row = watcher.locator("tr", has=watcher.locator(f'a[href="/dashboard/cycles/{cycle_id}"]'))
         row.locator(".badge.s-awaiting_review").wait_for(timeout=30_000)
