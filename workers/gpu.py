@@ -336,6 +336,15 @@ class RunLoop:
             log.warning("job %s: lease lost before finishing; outcome discarded", ticket.job_id)
             return None
 
+    def _next_in_line(self, current: Ticket) -> Ticket:
+        try:
+            with self.stores.ops_session() as session:
+                job = jobs.first_waiting(session, self.me.queue)
+                return Ticket.of(job) if job is not None and job.venv_path else current
+        except Exception:  # a hint only
+            log.debug("could not read the next job in line", exc_info=True)
+            return current
+
     def _ring(self, cycle_id: int | None) -> None:
         if cycle_id is None:
             return
@@ -434,8 +443,9 @@ class RunLoop:
                         session, ticket.job_id, self.me.name, datetime.fromtimestamp(at, UTC)
                     )
                 if self.spares is not None:
-                    # The job's own start is behind it: park the next job's interpreter now.
-                    self.spares.prestart(self.settings, self.me, ticket)
+                    # The job's own start is behind it: park the next job's interpreter now,
+                    # for the job first in line (its venv), else for one like this one.
+                    self.spares.prestart(self.settings, self.me, self._next_in_line(ticket))
             if kind in ("log", "progress"):
                 log_file.write(f"[{kind}] {event.get('message') or event}\n")
                 log_file.flush()

@@ -47,6 +47,12 @@ def leasable(
     return session.scalars(query).all()
 
 
+def first_waiting(session: Session, queue: str) -> Job | None:
+    """The prepared job first in line on `queue`, read without a lock (a hint, not a claim)."""
+    query = select(Job).where(*_waiting(queue)).order_by(Job.order_key, Job.id).limit(1)
+    return session.scalars(query).first()
+
+
 def set_wait_reason(
     session: Session, queue: str, reason: str, *, project_id: int | None = None
 ) -> None:

@@ -181,6 +181,11 @@ def _check_scope(
     return None
 
 
+def first_waiting(session: Session, queue: str) -> Job | None:
+    """The prepared job first in line on `queue` (no lock): what a worker may get ready for."""
+    return repo.first_waiting(session, queue)
+
+
 def blocked_by_budget(
     session: Session, settings: Settings, job: Job | None, project: Project | None
 ) -> str | None:
