@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, MetaData, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from app.settings import Settings
 
@@ -32,6 +32,13 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 
 def naming_metadata() -> MetaData:
     return MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class OpsBase(DeclarativeBase):
+    """The ops DB's tables (projects, jobs, cycles, forge records): one metadata, one Alembic
+    environment, whichever domain package declares the table."""
+
+    metadata = naming_metadata()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

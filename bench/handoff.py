@@ -48,12 +48,12 @@ from sqlalchemy import create_engine, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from app import broker, migrate  # noqa: E402
-from app.cycles import config as project_config  # noqa: E402
 from app.db import Stores  # noqa: E402
-from app.ops import jobs  # noqa: E402
-from app.ops import service as ops  # noqa: E402
-from app.ops.models import Job  # noqa: E402
-from app.ops.schemas import ProjectCreate  # noqa: E402
+from app.jobs import service as jobs  # noqa: E402
+from app.jobs.models import Job  # noqa: E402
+from app.projects import config as project_config  # noqa: E402
+from app.projects import service as ops  # noqa: E402
+from app.projects.schemas import ProjectCreate  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
 GAP_MARGIN_S = 0.050

@@ -11,7 +11,7 @@ from celery import Celery
 from celery.signals import setup_logging
 
 from app.broker import celery_config
-from app.observability import configure_logging
+from app.logs import configure_logging
 from app.settings import get_settings
 
 celery = Celery("autopilot", include=["workers.tasks"])

@@ -5,7 +5,7 @@ It lives in `workers` so that `app` never imports `workers` (dependencies point 
 
 from __future__ import annotations
 
-from app.cli import cli
+from app.cli.main import cli
 from workers.demo import demo_command
 from workers.launcher.cli import doctor_app
 from workers.worker_cli import beat_command, worker_app

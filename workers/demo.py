@@ -26,9 +26,9 @@ import typer
 from app import migrate
 from app.cycles import service as cycles
 from app.db import Stores
-from app.ops import repository
-from app.ops import service as ops
-from app.ops.schemas import ProjectCreate
+from app.projects import repository
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 
 TEMPLATE = (
@@ -147,7 +147,7 @@ def demo_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON")] = False,
 ) -> None:
     """Run one whole cycle on the example project and leave the service up for review."""
-    from app.cli import load_settings
+    from app.cli.common import load_settings
 
     settings = load_settings()
     base = f"http://{settings.host}:{settings.port}"

@@ -27,11 +27,13 @@ import git
 from sqlalchemy.orm import Session
 
 from app import broker
-from app.cycles import config as project_config
+from app.clock import utcnow
 from app.cycles import service as cycles
 from app.db import Stores
-from app.ops import jobs
-from app.ops.models import Job, Project
+from app.jobs import service as jobs
+from app.jobs.models import Job
+from app.projects import config as project_config
+from app.projects.models import Project
 from app.settings import Settings, redact_text
 from workers.launcher import guard, runner, runtime, venv
 
@@ -608,7 +610,7 @@ def reap(stores: Stores, settings: Settings) -> jobs.Reaped:
     """Requeue lapsed leases, then ring the doorbells of jobs that waited too long."""
     with stores.ops_session() as session:
         reaped = jobs.reap(session, settings)
-        stale_cycles = cycles.stale(session, settings, jobs.utcnow())
+        stale_cycles = cycles.stale(session, settings, utcnow())
     for cycle_id in stale_cycles:
         broker.ring_advance(settings, cycle_id)
     for job_id in reaped.prepare_doorbells:

@@ -22,7 +22,7 @@ def worker_gpu(
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Consume gpu.<kind> with concurrency 1, pinned to one device."""
-    from app.cli import load_settings
+    from app.cli.common import load_settings
 
     settings = load_settings()
     if kind not in settings.gpu_kinds:
@@ -34,7 +34,7 @@ def worker_gpu(
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if kind == "cpu" else device
 
     from app.db import Stores
-    from app.ops import jobs
+    from app.jobs import service as jobs
     from workers import gpu, tasks
     from workers.celery_app import celery
 

@@ -9,8 +9,8 @@ from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
 from app.db import Stores
-from app.ops import service as ops
-from app.ops.models import ApiToken
+from app.projects import service as ops
+from app.projects.models import ApiToken
 from app.settings import Settings
 
 

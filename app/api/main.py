@@ -10,14 +10,14 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import health, openapi, problems
 from app.api.limits import BodySizeLimit
+from app.api.metrics import metrics_router
 from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
 from app.db import Stores
+from app.jobs.router import router as jobs_router
 from app.memory.router import router as memory_router
-from app.observability import metrics_router
-from app.ops.job_router import router as jobs_router
-from app.ops.router import router as projects_router
+from app.projects.router import router as projects_router
 from app.settings import Settings, get_settings
 
 API_PREFIX = "/api/v1"

@@ -15,27 +15,30 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app import broker
-from app.cycles import agents
-from app.cycles import config as project_config
+from app.agents import service as agents
+from app.clock import aware, utcnow
+from app.cycles.models import Cycle, CycleStep
 from app.db import Stores
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound, Unavailable
 from app.forge import report
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.forge.git import GitWork, slugify
+from app.jobs import service as jobs
+from app.jobs.models import FINISHED, Job
 from app.memory import service as memory
 from app.memory.exceptions import FindingExists
 from app.memory.schemas import Evidence, FindingCreate
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.models import Cycle, CycleStep, Job, Project
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.projects.models import Project
 from app.settings import Settings, redact_text
 
 log = logging.getLogger(__name__)
@@ -62,10 +65,6 @@ class TooManyCycles(AutopilotError):
 class CycleFinished(Conflict):
     slug = "cycle-finished"
     title = "Cycle already ended"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 # -- triggers --------------------------------------------------------------------------------
@@ -147,13 +146,13 @@ def stale(session: Session, settings: Settings, now: datetime) -> list[int]:
         .join(Job, Job.id == Cycle.job_id)
         .where(
             Cycle.state.in_(("queued", "running")),
-            Job.state.in_(("succeeded", "failed", "cancelled")),
+            Job.state.in_(FINISHED),
             Job.finished_at < older_than,
         )
     ).all()
     due = set()
     for cycle_id, since in (*stepping, *job_ended):
-        waited = (now - (jobs.aware(since) or now)).total_seconds()
+        waited = (now - (aware(since) or now)).total_seconds()
         if jobs.doorbell_due(waited, settings):
             due.add(cycle_id)
     return sorted(due)
@@ -190,7 +189,7 @@ def cancel(session: Session, cycle_id: int, by: str) -> Cycle:
         raise CycleFinished(f"cycle {cycle_id} already ended as {cycle.state}")
     if cycle.job_id is not None:
         job = session.get(Job, cycle.job_id)
-        if job is not None and job.state not in ("succeeded", "failed", "cancelled"):
+        if job is not None and job.state not in FINISHED:
             jobs.cancel(session, job.id, by)
     _set_state(session, cycle, "cancelled", error=f"cancelled by {by}")
     return cycle
@@ -751,7 +750,7 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
             with machine.stores.ops_session() as session:
                 job = jobs.get(session, job_id)
                 state, result = job.state, dict(job.result or {})
-            if state in ("succeeded", "failed", "cancelled"):
+            if state in FINISHED:
                 break
             time.sleep(1.0)  # waiting on another process's job: poll the DB, bounded
         else:

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 from fastapi import Request, Response
 
 from app.db import Stores
-from app.ops import service as ops
-from app.ops.models import ApiToken
+from app.projects import service as ops
+from app.projects.models import ApiToken
 from app.settings import Settings
 
 SESSION_COOKIE = "autopilot_session"

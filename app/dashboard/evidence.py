@@ -17,13 +17,14 @@ from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from markupsafe import Markup, escape
 
+from app.cycles.models import Cycle
 from app.db import Stores
 from app.errors import AutopilotError
 from app.forge import report
 from app.forge.base import ProjectRef
 from app.forge.exceptions import GitFailed
 from app.forge.local import LocalForge
-from app.ops.models import Cycle, Job
+from app.jobs.models import Job
 from app.settings import Settings
 
 MAX_FILE_BYTES = 2 * 1024 * 1024

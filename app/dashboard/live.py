@@ -19,8 +19,9 @@ from typing import Any
 import anyio
 from sqlalchemy import func, select
 
+from app.cycles.models import Cycle, CycleStep
 from app.db import Stores
-from app.ops.models import Cycle, CycleStep, Job, Lease, Worker
+from app.jobs.models import Job, Lease, Worker
 
 _JOBS = (
     func.count(Job.id),

@@ -24,7 +24,7 @@ from app.errors import AutopilotError, Conflict, InvalidInput, NotFound, Unautho
 from app.forge.base import ProjectRef
 from app.memory import service as memory
 from app.memory.models import KINDS, STATUSES
-from app.ops.models import Project
+from app.projects.models import Project
 from app.settings import Settings
 
 HERE = Path(__file__).parent

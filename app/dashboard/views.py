@@ -9,27 +9,27 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.clock import aware
 from app.cycles import service as cycles
+from app.cycles.models import Cycle, CycleStep
 from app.dashboard import evidence
 from app.db import Stores
 from app.errors import AutopilotError
 from app.forge.base import ProjectRef, PullRequest
 from app.forge.local import LocalForge
+from app.jobs import repository as job_repository
+from app.jobs import service as jobs
+from app.jobs.models import Job
 from app.memory import service as memory
 from app.memory.models import Finding
 from app.memory.schemas import FindingOut
-from app.ops import job_repository, jobs
-from app.ops import service as ops
-from app.ops.models import Cycle, CycleStep, Job, Project
+from app.projects import service as ops
+from app.projects.models import Project
 from app.settings import Settings
 
 VERDICTS = ("faster", "slower", "inconclusive", "rejected_accuracy")
 REVIEW_STATES = ("awaiting_review", "approved", "rejected")
 RECENT_DECISIONS = 25
-
-
-def aware(value: datetime | None) -> datetime | None:
-    return jobs.aware(value)
 
 
 def age(value: datetime | None, now: datetime | None = None) -> str:

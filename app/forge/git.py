@@ -31,7 +31,7 @@ from app.forge.exceptions import (
     PushRejected,
     TransportNotAllowed,
 )
-from app.ops import schemas as ops_schemas
+from app.projects import schemas as ops_schemas
 from app.settings import Settings, redact_text
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
 
+from app.clock import utcnow
 from app.db import Stores
 from app.forge import repository
 from app.forge.base import ProjectRef, PullRequest, PullRequestState
@@ -26,8 +27,7 @@ from app.forge.exceptions import (
 )
 from app.forge.git import GitRunner, check_branch_name, check_url, repo_lock
 from app.forge.models import PullRequestComment, PullRequestRecord
-from app.ops import schemas as ops_schemas
-from app.ops.models import utcnow
+from app.projects import schemas as ops_schemas
 from app.settings import Settings
 
 

@@ -16,7 +16,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.ops.models import OpsBase, utcnow
+from app.clock import utcnow
+from app.db import OpsBase
 
 # At most one open PR per head branch: the database enforces what open_pull_request promises.
 _OPEN = text("state = 'open'")

@@ -8,12 +8,13 @@ tells Alembic's compare to leave it alone.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.clock import utcnow
 from app.db import naming_metadata
 
 KINDS = ("lesson", "verdict", "bound", "policy")
@@ -24,10 +25,6 @@ PUBLICATION_STATUSES = ("verified", "unverified", "not_applicable")
 # Created by migrations/memory/versions/20261202_memory_findings.py, never by the metadata.
 SEARCH_TABLE = "finding_fts"
 TRIGRAM_INDEX = "ix_finding_statement_trgm"
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def is_search_index(name: str | None) -> bool:

@@ -24,11 +24,12 @@ from typing import Any, get_args
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.clock import utcnow
 from app.errors import InvalidInput
 from app.memory import exchange, repository
 from app.memory import search as search_index
 from app.memory.exceptions import FindingExists, FindingNotFound, IllegalTransition, InvalidImport
-from app.memory.models import Finding, FindingEvent, utcnow
+from app.memory.models import Finding, FindingEvent
 from app.memory.schemas import (
     EventOut,
     ExportFormat,

@@ -2,6 +2,6 @@
 
 import app.tables  # noqa: F401  (every model registered)
 from app.migrate import run_environment
-from app.ops.models import OpsBase
+from app.db import OpsBase
 
 run_environment(OpsBase.metadata)

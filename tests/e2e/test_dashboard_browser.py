@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 
+from app.cycles.models import Cycle
 from app.memory import service as memory
-from app.ops import service as ops
-from app.ops.models import Cycle
-from app.ops.schemas import ProjectCreate
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from tests.e2e.conftest import LiveServer
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.support import bearer, wait_for

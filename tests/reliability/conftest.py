@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy import select
 
 from app import broker
-from app.cycles import config as project_config
 from app.db import Stores
-from app.ops import jobs
-from app.ops import repository as ops_repository
-from app.ops import service as ops
-from app.ops.models import Job, Lease
-from app.ops.schemas import ProjectCreate
+from app.jobs import service as jobs
+from app.jobs.models import Job, Lease
+from app.projects import config as project_config
+from app.projects import repository as ops_repository
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 
 # The real worker processes and brokers of the queue tests, shared with this suite.

@@ -20,8 +20,8 @@ from sqlalchemy.engine import make_url
 from app import migrate
 from app.api.main import create_app
 from app.db import Stores
-from app.ops import service as ops
-from app.ops.schemas import ProjectCreate
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.conftest import POSTGRES_URL, _postgres_admin_engine
 from tests.integration.queue.conftest import make_repo

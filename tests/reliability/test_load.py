@@ -18,13 +18,14 @@ import pytest
 from sqlalchemy import func, select
 
 from app import broker
-from app.cycles import config as project_config
 from app.cycles import service as cycle_service
+from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge.models import PullRequestRecord as PullRequestRow
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.models import Cycle, Job
+from app.jobs import service as jobs
+from app.jobs.models import Job
+from app.projects import config as project_config
+from app.projects import service as ops
 from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.reliability.conftest import (

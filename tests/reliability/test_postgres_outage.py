@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, text
 from app import migrate
 from app.api.main import create_app
 from app.db import Stores
-from app.ops import service as ops
+from app.projects import service as ops
 from app.settings import Settings
 from tests.reliability.conftest import free_port
 from tests.support import bearer, wait_for

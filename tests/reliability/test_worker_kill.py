@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from app.db import Stores
-from app.ops.models import Job, Lease
+from app.jobs.models import Job, Lease
 from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.reliability.conftest import (

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
-from app.ops import service as ops
+from app.projects import service as ops
 from app.settings import Settings
 
 

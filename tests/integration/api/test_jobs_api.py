@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.schemas import ProjectCreate
+from app.jobs import service as jobs
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.queue.conftest import make_repo
 from tests.support import bearer

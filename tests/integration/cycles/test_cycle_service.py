@@ -10,11 +10,12 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.cycles import service
+from app.cycles.models import Cycle
 from app.db import Stores
 from app.errors import InvalidInput
-from app.ops import service as ops
-from app.ops.models import Cycle, Job
-from app.ops.schemas import ProjectCreate
+from app.jobs.models import Job
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.support import bearer
 

@@ -20,15 +20,16 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
+from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge import report
 from app.forge.base import ProjectRef
 from app.forge.local import LocalForge
+from app.jobs.models import Job
 from app.memory import service as memory
 from app.memory.schemas import Evidence, FindingCreate
-from app.ops import service as ops
-from app.ops.models import Cycle, Job
-from app.ops.schemas import ProjectCreate
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.queue.conftest import make_repo
 

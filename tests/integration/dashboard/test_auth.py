@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.db import Stores
-from app.ops import service as ops
+from app.projects import service as ops
 from app.settings import Settings
 from tests.integration.dashboard.conftest import build_app, csrf_of, login
 

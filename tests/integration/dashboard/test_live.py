@@ -11,11 +11,11 @@ import anyio
 import pytest
 from fastapi.testclient import TestClient
 
+from app.cycles.models import Cycle
 from app.dashboard import live
 from app.db import Stores
-from app.ops import service as ops
-from app.ops.models import Cycle
-from app.ops.schemas import ProjectCreate
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from tests.integration.dashboard.conftest import login
 
 VERSION = re.compile(r'data-live-url="([^"]+)" data-version="([0-9a-f]{16})"')

@@ -7,11 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 from fastapi.testclient import TestClient
 
+from app.cycles.models import CycleStep
 from app.db import Stores
+from app.jobs.models import Job, Worker
 from app.memory import service as memory
 from app.memory.schemas import FindingCreate
-from app.ops import service as ops
-from app.ops.models import CycleStep, Job, Worker
+from app.projects import service as ops
 from tests.integration.dashboard.conftest import CycleFactory, login
 
 

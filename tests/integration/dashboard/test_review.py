@@ -6,11 +6,11 @@ import re
 
 from fastapi.testclient import TestClient
 
+from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge.local import LocalForge
 from app.memory import service as memory
 from app.memory.schemas import FindingCreate
-from app.ops.models import Cycle
 from app.settings import Settings
 from tests.integration.dashboard.conftest import CycleFactory, login
 

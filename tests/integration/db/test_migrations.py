@@ -8,9 +8,8 @@ from sqlalchemy import inspect
 
 import app.tables  # noqa: F401  (every model registered)
 from app import migrate
-from app.db import Stores, make_engine
+from app.db import OpsBase, Stores, make_engine
 from app.memory.models import MemoryBase, include_object, is_search_index
-from app.ops.models import OpsBase
 from app.settings import Settings
 
 MEMORY_TABLES = set(MemoryBase.metadata.tables)

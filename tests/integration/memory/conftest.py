@@ -24,8 +24,8 @@ from app.db import Stores
 from app.memory import service
 from app.memory.models import Finding, FindingEvent
 from app.memory.schemas import FindingCreate
-from app.ops import service as ops
-from app.ops.models import ApiToken
+from app.projects import service as ops
+from app.projects.models import ApiToken
 from app.settings import Settings
 from tests.conftest import _postgres_admin_engine, need_postgres
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from app.cli import cli
+from app.cli.main import cli
 from app.db import Stores
 from app.settings import Settings
 from tests.integration.memory.conftest import SAMPLE

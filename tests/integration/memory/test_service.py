@@ -324,4 +324,4 @@ def test_memory_lives_apart_from_ops(stores: Stores) -> None:
     for source in package.glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith(("app.ops", "workers")), source
+                assert not (node.module or "").startswith(("app.projects", "app.jobs", "app.cycles", "workers")), source

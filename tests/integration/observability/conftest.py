@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
-from app.ops.models import Job, Project, Worker
+from app.jobs.models import Job, Worker
+from app.projects.models import Project
 from app.settings import Settings
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.observability import configure_logging, log_context
+from app.logs import configure_logging, log_context
 from app.settings import Settings
 
 GITHUB_TOKEN = "ghp_S3cretTokenValue0123456789abcdef"

@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
+from app.cycles.repository import counts_by_state as cycles_by_state
 from app.db import Stores
-from app.observability import FORGE_ERRORS, cycles_by_state
+from app.status import FORGE_ERRORS
 
 
 def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -111,7 +112,7 @@ def test_forge_errors_counter_is_exported(metrics_client: TestClient) -> None:
 
 
 def test_cycles_by_state(metrics_client: TestClient, stores: Stores, project_id: int) -> None:
-    from app.ops.models import Cycle
+    from app.cycles.models import Cycle
 
     with stores.ops_session() as session:
         for state in ("planned", "done", "done"):

@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from app.cli.status import status_command
+from app.cycles.models import Cycle
 from app.db import Stores
-from app.observability import status_command
-from app.ops.models import Cycle
 from app.settings import Settings
 
 

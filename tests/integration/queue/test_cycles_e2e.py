@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from app.api.main import create_app
 from app.db import Stores
 from app.memory import service as memory
-from app.ops import service as ops
-from app.ops.schemas import ProjectCreate
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.support import bearer, wait_for
 

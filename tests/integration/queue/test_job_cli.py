@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+from app.cli.jobs import job_app, parse_param
 from app.db import Stores
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.job_cli import job_app, parse_param
-from app.ops.schemas import ProjectCreate
+from app.jobs import service as jobs
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.queue.conftest import Workers, make_repo, settings_env
 

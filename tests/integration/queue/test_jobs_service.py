@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from app.cycles import config as project_config
 from app.db import Stores
 from app.errors import InvalidInput
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.models import Job, Lease, Project
-from app.ops.schemas import ProjectCreate
+from app.jobs import service as jobs
+from app.jobs.models import Job, Lease
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.projects.models import Project
+from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 
 CONFIG = """

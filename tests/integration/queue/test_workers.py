@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 
 from app import broker
-from app.cycles import config as project_config
 from app.db import Stores
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.models import Job
-from app.ops.schemas import ProjectCreate
+from app.jobs import service as jobs
+from app.jobs.models import Job
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.support import wait_for
 
@@ -33,7 +33,7 @@ def submit(stores: Stores, workers: Workers, repo: Path, **params: object) -> in
 
 
 def _exists(session, name):  # type: ignore[no-untyped-def]
-    from app.ops import repository
+    from app.projects import repository
 
     return repository.get_project(session, name) is not None
 

@@ -6,8 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.cycles import agents, config, schedule
+from app.agents import service as agents
+from app.cycles import schedule
 from app.errors import InvalidInput
+from app.projects import config
 
 TOML = """
 [project]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from app.api.deps import AdminToken, AnyToken, OpsSession
-from app.ops import service
-from app.ops.schemas import ProjectCreate, ProjectOut
+from app.projects import service
+from app.projects.schemas import ProjectCreate, ProjectOut
 
 router = APIRouter(prefix="/projects", tags=["projects"])
 

@@ -10,27 +10,18 @@ import math
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.cycles.config import ProjectConfig
+from app.clock import aware, utcnow
 from app.errors import Conflict, InvalidInput, NotFound
-from app.ops import job_repository as repo
-from app.ops.models import Job, Lease, Project, Worker
+from app.jobs import repository as repo
+from app.jobs.models import FINISHED, Job, Lease, Worker
+from app.projects.config import ProjectConfig
+from app.projects.models import Project
 from app.settings import Settings
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def aware(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes for tz-aware columns; they are stored as UTC."""
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=UTC)
 
 
 class JobNotFound(NotFound):
@@ -342,7 +333,7 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
 def cancel(session: Session, job_id: int, by: str) -> Job:
     """A queued job is cancelled at once; a running one is told through the DB (heartbeat)."""
     job = get(session, job_id)
-    if job.state in repo.FINISHED:
+    if job.state in FINISHED:
         raise JobFinished(f"job {job_id} already {job.state}; nothing to cancel")
     now = utcnow()
     job.cancel_requested_at, job.cancelled_by = job.cancel_requested_at or now, by

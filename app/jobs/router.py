@@ -20,16 +20,16 @@ from app.api.deps import (
     get_settings,
     get_stores,
 )
-from app.cycles import config as project_config
 from app.db import Stores
-from app.ops import jobs
-from app.ops import service as ops
-from app.ops.job_schemas import JobCreate, JobOut, QueueOut, WorkerOut
+from app.jobs import service as jobs
+from app.jobs.models import FINISHED
+from app.jobs.schemas import JobCreate, JobOut, QueueOut, WorkerOut
+from app.projects import config as project_config
+from app.projects import service as ops
 from app.settings import Settings
 
 router = APIRouter(tags=["gpu queue"])
 LOG_TAIL_BYTES = 64 * 1024
-FINISHED = ("succeeded", "failed", "cancelled")
 JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 
 

@@ -5,22 +5,28 @@ Bad input exits 2 with one line naming what was wrong; other failures exit 1.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
 from app import migrate
-from app.cycles.cli import cycle_app, project_add
-from app.db import Stores
+from app.cli.common import (
+    describe_fields,
+    echo_json,
+    exit_on_domain_error,
+    fail,
+    load_settings,
+    open_stores,
+)
+from app.cli.cycles import cycle_app, project_add
+from app.cli.jobs import job_app
+from app.cli.memory import memory_app
+from app.cli.status import status_command
 from app.errors import AutopilotError
-from app.memory.cli import memory_app
-from app.observability import configure_logging, status_command
-from app.ops import service as ops
-from app.ops.job_cli import job_app
-from app.ops.schemas import SCOPES, ProjectCreate, TokenOut
-from app.settings import Settings, describe_validation_error
+from app.logs import configure_logging
+from app.projects import service as ops
+from app.projects.schemas import SCOPES, ProjectCreate, TokenOut
 
 cli = typer.Typer(
     name="autopilot",
@@ -41,32 +47,6 @@ cli.add_typer(job_app, name="job")
 cli.add_typer(cycle_app, name="cycle")
 project_app.command("add")(project_add)
 cli.command("status")(status_command)
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def load_settings() -> Settings:
-    try:
-        return Settings()
-    except ValidationError as exc:
-        for line in describe_validation_error(exc):
-            typer.echo(f"error: {line}", err=True)
-        raise typer.Exit(2) from None
-
-
-def open_stores(settings: Settings | None = None) -> Stores:
-    return Stores.from_settings(settings or load_settings())
-
-
-def exit_on_domain_error(exc: AutopilotError) -> NoReturn:
-    fail(exc.detail, 2 if exc.status < 500 else 1)
-
-
-def echo_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
 
 
 @cli.command()
@@ -192,13 +172,6 @@ def project_create(
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     typer.echo(f"registered {name}")
-
-
-def describe_fields(exc: ValidationError) -> list[str]:
-    return [
-        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
-        for e in exc.errors()
-    ]
 
 
 def main() -> None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.cycles.config import ProjectConfig
 from app.errors import InvalidInput
+from app.projects.config import ProjectConfig
 
 
 @dataclass

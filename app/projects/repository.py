@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.ops.models import ApiToken, Project
+from app.projects.models import ApiToken, Project
 
 
 def get_project(session: Session, name: str) -> Project | None:

@@ -7,12 +7,28 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
+
+from app import broker
+from app.cli.common import (
+    describe_fields,
+    echo_json,
+    exit_on_domain_error,
+    fail,
+    load_settings,
+    open_stores,
+)
+from app.cycles import service
+from app.cycles.schemas import CycleOut, StepOut
+from app.errors import AutopilotError
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
 
 cycle_app = typer.Typer(help="Research cycles: run, list, show, cancel.", no_args_is_help=True)
 
 
 def _row(cycle: Any) -> dict[str, Any]:
-    from app.cycles.schemas import CycleOut
 
     return CycleOut.model_validate(cycle).model_dump(mode="json")
 
@@ -26,10 +42,6 @@ def cycle_run(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Trigger a cycle (needs a running control worker to advance it)."""
-    from app import broker
-    from app.cli import exit_on_domain_error, load_settings, open_stores
-    from app.cycles import service
-    from app.errors import AutopilotError
 
     settings = load_settings()
     stores = open_stores(settings)
@@ -71,9 +83,6 @@ def cycle_list(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List recent cycles, newest first."""
-    from app.cli import echo_json, exit_on_domain_error, open_stores
-    from app.cycles import service
-    from app.errors import AutopilotError
 
     try:
         with open_stores().ops_session() as session:
@@ -96,10 +105,6 @@ def cycle_show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """One cycle with its steps."""
-    from app.cli import exit_on_domain_error, open_stores
-    from app.cycles import service
-    from app.cycles.schemas import StepOut
-    from app.errors import AutopilotError
 
     try:
         with open_stores().ops_session() as session:
@@ -116,9 +121,6 @@ def cycle_show(
 @cycle_app.command("cancel")
 def cycle_cancel(cycle_id: Annotated[int, typer.Argument()]) -> None:
     """Cancel a cycle (and its job, if one is queued or running)."""
-    from app.cli import exit_on_domain_error, open_stores
-    from app.cycles import service
-    from app.errors import AutopilotError
 
     try:
         with open_stores().ops_session() as session:
@@ -129,7 +131,6 @@ def cycle_cancel(cycle_id: Annotated[int, typer.Argument()]) -> None:
 
 
 def _print(row: dict[str, Any], as_json: bool) -> None:
-    from app.cli import echo_json
 
     if as_json:
         echo_json(row)
@@ -157,13 +158,6 @@ def project_add(
     branch: Annotated[str, typer.Option(help="Its default branch")] = "main",
 ) -> None:
     """Register a research repository; name, GPU kind and budgets come from autopilot.toml."""
-    from pydantic import ValidationError
-
-    from app.cli import describe_fields, exit_on_domain_error, fail, open_stores
-    from app.cycles import config as project_config
-    from app.errors import AutopilotError
-    from app.ops import service as ops
-    from app.ops.schemas import ProjectCreate
 
     url = str(Path(source).absolute()) if Path(source).exists() else source
     try:

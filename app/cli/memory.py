@@ -1,50 +1,26 @@
 """`autopilot memory ...`: import, export, search and show findings from the command line.
 
 Bad input exits 2 with one line naming what was wrong (the line or field), like the rest of
-the `autopilot` command. This module is imported by app.cli, so it does not import it back.
+the `autopilot` command.
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from app.db import Stores
+from app.cli.common import echo_json, exit_on_domain_error, fail, open_stores
 from app.errors import AutopilotError
 from app.memory import service
 from app.memory.exchange import MAX_IMPORT_BYTES
 from app.memory.schemas import ExportFormat, FindingOut, ImportFormat, ImportStatus, Kind
-from app.settings import Settings, describe_validation_error
 
 memory_app = typer.Typer(
     help="Research memory: import, export, search, show.", no_args_is_help=True
 )
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _stores() -> Stores:
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        _fail("; ".join(describe_validation_error(exc)))
-    return Stores.from_settings(settings)
-
-
-def _domain_error(exc: AutopilotError) -> NoReturn:
-    _fail(exc.detail, 2 if exc.status < 500 else 1)
-
-
-def _echo_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
 def _actor() -> str:
@@ -70,19 +46,19 @@ def import_cmd(
         with file.open("rb") as handle:
             data = handle.read(MAX_IMPORT_BYTES + 1)
     except OSError as exc:
-        _fail(f"{file}: {exc.strerror or exc}")
-    stores = _stores()
+        fail(f"{file}: {exc.strerror or exc}")
+    stores = open_stores()
     try:
         with stores.memory_session() as session:
             report = service.import_file(
                 session, data, format=format, status=status, actor=_actor()
             )
     except AutopilotError as exc:
-        _domain_error(exc)
+        exit_on_domain_error(exc)
     finally:
         stores.dispose()
     if as_json:
-        _echo_json(report.model_dump())
+        echo_json(report.model_dump())
         return
     projects = ", ".join(f"{k}: {v}" for k, v in report.by_project.items()) or "none"
     typer.echo(
@@ -97,7 +73,7 @@ def export_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Write here, not to stdout")] = None,
 ) -> None:
     """Export every finding: JSON Lines (lossless) or Markdown (for people)."""
-    stores = _stores()
+    stores = open_stores()
     try:
         with stores.memory_session() as session:
             body = service.export(session, format)
@@ -109,7 +85,7 @@ def export_cmd(
     try:
         out.write_text(body, encoding="utf-8")
     except OSError as exc:
-        _fail(f"{out}: {exc.strerror or exc}")
+        fail(f"{out}: {exc.strerror or exc}")
     typer.echo(f"wrote {out}", err=True)
 
 
@@ -124,7 +100,7 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Full-text search (English, Korean, any language), best matches first."""
-    stores = _stores()
+    stores = open_stores()
     try:
         with stores.memory_session() as session:
             page = service.search(
@@ -137,11 +113,11 @@ def search_cmd(
                 limit=limit,
             )
     except AutopilotError as exc:
-        _domain_error(exc)
+        exit_on_domain_error(exc)
     finally:
         stores.dispose()
     if as_json:
-        _echo_json(page.model_dump(mode="json"))
+        echo_json(page.model_dump(mode="json"))
         return
     for item in page.items:
         mark = " [unverified]" if item.source_status == "unverified" else ""
@@ -162,16 +138,16 @@ def show_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """One finding with its evidence and audit trail."""
-    stores = _stores()
+    stores = open_stores()
     try:
         with stores.memory_session() as session:
             found = service.detail(session, finding_id)
     except AutopilotError as exc:
-        _domain_error(exc)
+        exit_on_domain_error(exc)
     finally:
         stores.dispose()
     if as_json:
-        _echo_json(found.model_dump(mode="json"))
+        echo_json(found.model_dump(mode="json"))
         return
     _print_finding(found)
 

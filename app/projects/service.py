@@ -10,11 +10,12 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.clock import utcnow
 from app.errors import Forbidden, InvalidInput, Unauthorized
-from app.ops import repository
-from app.ops.exceptions import ProjectExists, ProjectNotFound, TokenExists, TokenNotFound
-from app.ops.models import ApiToken, Project, utcnow
-from app.ops.schemas import SCOPES, ProjectCreate, check_slug
+from app.projects import repository
+from app.projects.exceptions import ProjectExists, ProjectNotFound, TokenExists, TokenNotFound
+from app.projects.models import ApiToken, Project
+from app.projects.schemas import SCOPES, ProjectCreate, check_slug
 
 TOKEN_PREFIX = "ap_"  # noqa: S105 - a prefix, not a secret
 

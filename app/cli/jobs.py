@@ -13,30 +13,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
+from app import broker
+from app.cli.common import echo_json, exit_on_domain_error, fail, load_settings, open_stores
+from app.db import Stores
 from app.errors import AutopilotError
-from app.ops.job_schemas import JobOut, Scalar
-
-if TYPE_CHECKING:
-    from app.db import Stores
-    from app.settings import Settings
+from app.jobs import service as jobs
+from app.jobs.models import FINISHED, JOB_STATES
+from app.jobs.schemas import JobOut, Scalar
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.projects.models import Project
+from app.settings import Settings
 
 job_app = typer.Typer(
     help="GPU jobs: submit, list, show, cancel, follow their logs.", no_args_is_help=True
 )
 
-STATES = ("queued", "leased", "running", "succeeded", "failed", "cancelled")
-FINISHED = ("succeeded", "failed", "cancelled")
 POLL_S = 0.2
 LOG_CHUNK = 64 * 1024
 
 
 def parse_param(text: str) -> tuple[str, Scalar]:
     """`key=value`; the value is read as a JSON scalar when it is one (3, 0.5, true, "x")."""
-    from app.cli import fail
 
     key, sep, raw = text.partition("=")
     key = key.strip()
@@ -77,11 +79,6 @@ def job_submit(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Submit a standalone job; it is prepared off the GPU, then queued in submission order."""
-    from app import broker
-    from app.cli import exit_on_domain_error, fail, load_settings, open_stores
-    from app.cycles import config as project_config
-    from app.ops import jobs
-    from app.ops import service as ops
 
     parameters: dict[str, Scalar] = {}
     for text in param or []:
@@ -108,8 +105,6 @@ def job_submit(
             err=True,
         )
     if as_json and not follow:
-        from app.cli import echo_json
-
         echo_json(shown)
         return
     typer.echo(
@@ -125,18 +120,15 @@ def job_submit(
 @job_app.command("list")
 def job_list(
     queue: Annotated[str | None, typer.Option(help="gpu.<kind>")] = None,
-    state: Annotated[str | None, typer.Option(help=" | ".join(STATES))] = None,
+    state: Annotated[str | None, typer.Option(help=" | ".join(JOB_STATES))] = None,
     project: Annotated[str | None, typer.Option(help="A project's name")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List jobs, newest first."""
-    from app.cli import echo_json, exit_on_domain_error, fail, load_settings, open_stores
-    from app.ops import jobs
-    from app.ops import service as ops
 
-    if state is not None and state not in STATES:
-        fail(f"--state {state!r}: expected one of {', '.join(STATES)}")
+    if state is not None and state not in JOB_STATES:
+        fail(f"--state {state!r}: expected one of {', '.join(JOB_STATES)}")
     settings = load_settings()
     try:
         if queue is not None:
@@ -175,9 +167,6 @@ def job_show(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show one job: state, timings, outcome, where its log and result are."""
-    from app.cli import echo_json, exit_on_domain_error, load_settings, open_stores
-    from app.ops import jobs
-    from app.ops.models import Project
 
     settings = load_settings()
     try:
@@ -207,8 +196,6 @@ def job_show(
 @job_app.command("cancel")
 def job_cancel(job_id: Annotated[int, typer.Argument(help="The job's id")]) -> None:
     """Cancel a job: a queued one at once; a running one is stopped at its next heartbeat."""
-    from app.cli import exit_on_domain_error, open_stores
-    from app.ops import jobs
 
     try:
         with open_stores().ops_session() as session:
@@ -230,8 +217,6 @@ def job_logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until it ends")] = False,
 ) -> None:
     """Print a job's log; with --follow, stream it with the job's progress until it ends."""
-    from app.cli import exit_on_domain_error, load_settings, open_stores
-    from app.ops import jobs
 
     settings = load_settings()
     stores = open_stores(settings)
@@ -311,7 +296,6 @@ def follow_job(
     Log lines go to stdout; the progress display (phase changes with the elapsed time) to
     stderr, so `autopilot job logs 42 -f > run.log` keeps the log clean.
     """
-    from app.ops import jobs
 
     def echo_out(text: str) -> None:
         typer.echo(text, nl=False)

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, Select, and_, func, select, update
+from sqlalchemy import ColumnElement, Select, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
-from app.ops.models import Job, Lease, QueueLock, Worker
-
-ACTIVE = ("leased", "running")
-FINISHED = ("succeeded", "failed", "cancelled")
+from app.jobs.models import ACTIVE, FINISHED, Job, Lease, QueueLock, Worker
 
 
 def get(session: Session, job_id: int) -> Job | None:
@@ -184,3 +181,43 @@ def list_workers(session: Session) -> Sequence[Worker]:
 
 def stale_before(now: datetime, seconds: float) -> datetime:
     return now - timedelta(seconds=seconds)
+
+
+# -- figures for /metrics and `autopilot status` ---------------------------------------------
+
+
+def counts_by_queue_and_state(session: Session) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    rows = session.execute(
+        select(Job.queue, Job.state, func.count()).group_by(Job.queue, Job.state)
+    )
+    for queue, state, count in rows:
+        counts.setdefault(queue, {})[state] = int(count)
+    return counts
+
+
+def duration_histogram(
+    session: Session, bounds: Sequence[float]
+) -> list[tuple[str, int, float, list[int]]]:
+    """GPU seconds of every job that ran and finished, per queue: (queue, count, sum, cumulative
+    counts of jobs at or under each bound)."""
+    ran = Job.gpu_seconds
+    columns = [func.sum(case((ran <= bound, 1), else_=0)) for bound in bounds]
+    rows = session.execute(
+        select(Job.queue, func.count(), func.coalesce(func.sum(ran), 0.0), *columns)
+        .where(Job.state.in_(FINISHED), Job.started_at.is_not(None), Job.finished_at.is_not(None))
+        .group_by(Job.queue)
+    )
+    return [(row[0], int(row[1]), float(row[2]), [int(n or 0) for n in row[3:]]) for row in rows]
+
+
+def lease_expiries(session: Session) -> dict[str, int]:
+    """Leases that lapsed, per queue. A proxy: nothing counts expiries themselves, but a job is
+    leased again only after its lease expired, so every attempt beyond the first is one expiry,
+    plus the last one of each job the reaper gave up on."""
+    extra_attempts = func.sum(case((Job.attempts > 1, Job.attempts - 1), else_=0))
+    given_up = func.sum(
+        case(((Job.state == "failed") & Job.error.like("lease expired%"), 1), else_=0)
+    )
+    rows = session.execute(select(Job.queue, extra_attempts, given_up).group_by(Job.queue))
+    return {queue: int(again or 0) + int(gave_up or 0) for queue, again, gave_up in rows}

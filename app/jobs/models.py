@@ -1,0 +1,103 @@
+"""The GPU queue's tables: jobs, leases, workers and the leasing lock (ops DB)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.clock import utcnow
+from app.db import OpsBase
+
+# A job's states, in the order it moves through them. One definition: every reader imports these.
+JOB_STATES = ("queued", "leased", "running", "succeeded", "failed", "cancelled")
+ACTIVE = ("leased", "running")  # holding a GPU
+FINISHED = ("succeeded", "failed", "cancelled")  # nothing more will happen to it
+
+
+class Job(OpsBase):
+    """Work for one GPU, standalone or a cycle's. Its state lives here, not in the broker.
+
+    A broker message only says "look at job N"; a worker re-reads this row and acts only if the
+    job still needs it (DESIGN.md, "Recovery").
+    """
+
+    __tablename__ = "job"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cycle_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"))
+    experiment: Mapped[str] = mapped_column(String(64))
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    queue: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    time_limit_s: Mapped[float] = mapped_column(Float, default=600.0)
+    # The global order of the original requests: submission time, then id as tie-break.
+    order_key: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    prepared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    leased_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    first_line_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle_gap_s: Mapped[float | None] = mapped_column(Float)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    workdir: Mapped[str | None] = mapped_column(String(1024))
+    venv_path: Mapped[str | None] = mapped_column(String(1024))
+    result_path: Mapped[str | None] = mapped_column(String(1024))
+    log_path: Mapped[str | None] = mapped_column(String(1024))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    wait_reason: Mapped[str | None] = mapped_column(String(255))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancelled_by: Mapped[str | None] = mapped_column(String(64))
+
+
+class Lease(OpsBase):
+    """Who holds a job now. One per job at most; expires unless the worker keeps heartbeating."""
+
+    __tablename__ = "lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), unique=True)
+    worker: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    device: Mapped[str] = mapped_column(String(64))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pgid: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class Worker(OpsBase):
+    """A GPU (or CPU) worker as it last reported itself."""
+
+    __tablename__ = "worker"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    devices: Mapped[str] = mapped_column(String(64), default="")
+    host: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    current_job_id: Mapped[int | None] = mapped_column(Integer)
+    last_job_finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class QueueLock(OpsBase):
+    """One row per lock name. Leasing updates it first, which serialises leasers on both back ends,
+    so two workers can never both see room under a budget and both take a GPU."""
+
+    __tablename__ = "queue_lock"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    counter: Mapped[int] = mapped_column(Integer, default=0)
