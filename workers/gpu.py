@@ -30,6 +30,7 @@ from app import broker
 from app.clock import utcnow
 from app.cycles import service as cycles
 from app.db import Stores
+from app.jobs import paths
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.projects import config as project_config
@@ -68,10 +69,6 @@ class WorkerIdentity:
         return cls(name=f"gpu-{kind}-{device or 'x'}@{host}", kind=kind, device=device, host=host)
 
 
-def job_dir(settings: Settings, job_id: int) -> Path:
-    return settings.state_dir.absolute() / "jobs" / str(job_id)
-
-
 def venvs_root(settings: Settings) -> Path:
     return (settings.venv_root or settings.state_dir).absolute()
 
@@ -81,7 +78,7 @@ def venvs_root(settings: Settings) -> Path:
 
 def prepare_job(stores: Stores, settings: Settings, job_id: int) -> bool:
     """Make the job ready for a GPU; True when it was prepared now (then its doorbell rings)."""
-    folder = job_dir(settings, job_id)
+    folder = paths.job_dir(settings, job_id)
     folder.mkdir(parents=True, exist_ok=True)
     # Duplicate doorbells may arrive at once: one preparer per job, the others find it done.
     with open(folder / "prepare.lock", "a+b") as lock:
@@ -100,7 +97,11 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
         workdir = job.workdir
         entry, queue = str(job.spec.get("entry", "")), job.queue
     try:
-        source = Path(workdir) if workdir else checkout(repo_url, branch, job_dir(settings, job_id))
+        source = (
+            Path(workdir)
+            if workdir
+            else checkout(repo_url, branch, paths.job_dir(settings, job_id))
+        )
         cfg = project_config.load(source)
         experiment = cfg.experiment(str(job.experiment))
         entry = entry or experiment.entry
@@ -361,7 +362,7 @@ class RunLoop:
 
     def run_one(self, ticket: Ticket) -> jobs.JobOutcome:
         """Run one leased job; returns its outcome for `_settle_and_lease` to store."""
-        log_path = job_dir(self.settings, ticket.job_id) / "job.log"
+        log_path = paths.log_path(self.settings, ticket.job_id)
         spare = self.spares.take(ticket) if self.spares is not None else None
         if spare is not None:
             rt = spare.runtime
@@ -481,7 +482,7 @@ class RunLoop:
             state, message = "failed", f"experiment error: {result.get('error')}"
         result_path = None
         if result is not None:
-            saved = job_dir(self.settings, ticket.job_id) / "result.json"
+            saved = paths.job_dir(self.settings, ticket.job_id) / "result.json"
             import json
 
             saved.write_text(json.dumps(result, indent=2))

@@ -21,6 +21,7 @@ from app import broker
 from app.cli.common import echo_json, exit_on_domain_error, fail, load_settings, open_stores
 from app.db import Stores
 from app.errors import AutopilotError
+from app.jobs import paths
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED, JOB_STATES
 from app.jobs.schemas import JobOut, Scalar
@@ -59,10 +60,6 @@ def job_row(job: Any, project: str | None = None, **extra: Any) -> dict[str, Any
         row["project"] = project
     row.update(extra)
     return row
-
-
-def default_log_path(settings: Settings, job_id: int) -> Path:
-    return settings.state_dir.absolute() / "jobs" / str(job_id) / "job.log"
 
 
 @job_app.command("submit")
@@ -178,7 +175,7 @@ def job_show(
                 project.name if project else None,
                 exit_code=job.exit_code,
                 time_limit_s=job.time_limit_s,
-                log_path=job.log_path or str(default_log_path(settings, job_id)),
+                log_path=str(paths.log_path(settings, job_id, job.log_path)),
                 result_path=job.result_path,
             )
     except AutopilotError as exc:
@@ -223,7 +220,7 @@ def job_logs(
     try:
         with stores.ops_session() as session:
             job = jobs.get(session, job_id)
-            path = Path(job.log_path) if job.log_path else default_log_path(settings, job_id)
+            path = paths.log_path(settings, job_id, job.log_path)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     if follow:
@@ -312,7 +309,7 @@ def follow_job(
             with stores.ops_session() as session:
                 job = jobs.get(session, job_id)
                 now_phase, state = phase(job), job.state
-                path = Path(job.log_path) if job.log_path else default_log_path(settings, job_id)
+                path = paths.log_path(settings, job_id, job.log_path)
             if reader is None or reader.path != path:
                 reader = LogReader(path, offset=reader.offset if reader else 0)
             finished = state in FINISHED

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from app import broker
 from app.agents import service as agents
 from app.clock import aware, utcnow
+from app.cycles.headline import headline, ratio_text, verdict_statement
 from app.cycles.models import Cycle, CycleStep
 from app.db import Stores
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound, Unavailable
@@ -487,7 +488,7 @@ class Machine:
         forge = forge_service.forge_for(self.settings, self.stores)
         cycle, ref = self._detached(cycle_id)
         worktree = self._worktree(cycle, ref, forge)
-        title = f"[autopilot] {cycle.experiment}: {cycle.verdict} ({_ratio_text(cycle.headline)})"
+        title = f"[autopilot] {cycle.experiment}: {cycle.verdict} ({ratio_text(cycle.headline)})"
         body = pr_body(cycle)
         try:
             pr = forge_service.publish(
@@ -598,37 +599,6 @@ def _live_fingerprints(session: Session, project_id: int, exclude: int) -> set[s
     return {fp for fp in rows if fp}
 
 
-def headline(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("ratio", "ci_low", "ci_high", "noise_floor", "verdict")
-    picked = {k: result.get(k) for k in keys if result.get(k) is not None}
-    if isinstance(result.get("headline"), dict):
-        picked = {**result["headline"], **picked}
-    accuracy = result.get("accuracy")
-    if isinstance(accuracy, dict):
-        picked["accuracy_pass"] = all(
-            bool(v.get("pass", True)) for v in accuracy.values() if isinstance(v, dict)
-        )
-    environment = result.get("environment")
-    if isinstance(environment, dict):
-        picked["device"] = environment.get("device_name") or environment.get("device")
-    return picked
-
-
-def _ratio_text(headline_: dict[str, Any] | None) -> str:
-    h = headline_ or {}
-    try:
-        return (
-            f"ratio {float(h['ratio']):.3f} [{float(h['ci_low']):.3f}, {float(h['ci_high']):.3f}]"
-        )
-    except (KeyError, TypeError, ValueError):
-        return "no ratio"
-
-
-def verdict_statement(cycle: Cycle) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
-    return f"{cycle.experiment} ({params}): {cycle.verdict}, {_ratio_text(cycle.headline)}"
-
-
 def report_context(cycle: Cycle, project: ProjectRef) -> report.ReportContext:
     proposal = cycle.proposal or {}
     params = " ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
@@ -649,7 +619,7 @@ def report_context(cycle: Cycle, project: ProjectRef) -> report.ReportContext:
 def pr_body(cycle: Cycle) -> str:
     return (
         f"Autopilot cycle {cycle.id}.\n\n**Hypothesis**: {cycle.hypothesis}\n\n"
-        f"**Verdict**: {cycle.verdict}, {_ratio_text(cycle.headline)}\n\n"
+        f"**Verdict**: {cycle.verdict}, {ratio_text(cycle.headline)}\n\n"
         f"The report is in `{report.results_dir(str(cycle.id))}/REPORT.md`."
     )
 
@@ -760,7 +730,7 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
         new_verdict = str(result.get("verdict") or "inconclusive")  # as analyze() reads it
         if new_verdict != verdict:
             return False, f"verdict changed from {verdict} to {new_verdict} (job {job_id})"
-        return True, f"verdict {verdict} holds (job {job_id}, {_ratio_text(headline(result))})"
+        return True, f"verdict {verdict} holds (job {job_id}, {ratio_text(headline(result))})"
 
     outcome = forge_service.merge_with_revalidation(
         forge, git_work, ref, number, run_base_sha=base_sha, revalidate=revalidate

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.clock import aware
 from app.cycles import service as cycles
+from app.cycles.headline import interval_text
 from app.cycles.models import Cycle, CycleStep
 from app.dashboard import evidence
 from app.db import Stores
@@ -57,13 +58,13 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 
 def ratio_text(headline: dict[str, Any] | None) -> str:
     h = headline or {}
-    try:
-        return f"{float(h['ratio']):.3f} [{float(h['ci_low']):.3f}, {float(h['ci_high']):.3f}]"
-    except (KeyError, TypeError, ValueError):
+    interval = interval_text(h)
+    if interval is None:
         try:
             return f"{float(h['ratio']):.3f}"
         except (KeyError, TypeError, ValueError):
             return "–"
+    return interval
 
 
 def accuracy_text(headline: dict[str, Any] | None) -> str:

@@ -21,6 +21,7 @@ from app.api.deps import (
     get_stores,
 )
 from app.db import Stores
+from app.jobs import paths
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.jobs.schemas import JobCreate, JobOut, QueueOut, WorkerOut
@@ -98,15 +99,10 @@ def job_log(
     """The log's tail; with `?follow=1`, a server-sent-events stream until the job ends."""
     with stores.ops_session() as session:
         job = jobs.get(session, job_id)
-        path = Path(job.log_path) if job.log_path else _default_log(request, job_id)
+        path = paths.log_path(request.app.state.settings, job_id, job.log_path)
     if not follow:
         return PlainTextResponse(_tail(path))
     return StreamingResponse(_follow(stores, job_id, path), media_type="text/event-stream")
-
-
-def _default_log(request: Request, job_id: int) -> Path:
-    settings: Settings = request.app.state.settings
-    return settings.state_dir.absolute() / "jobs" / str(job_id) / "job.log"
 
 
 def _tail(path: Path) -> str:

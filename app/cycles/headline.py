@@ -1,0 +1,44 @@
+"""A verdict's headline: the figures picked from a result, and how they are written for people."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.cycles.models import Cycle
+
+
+def headline(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("ratio", "ci_low", "ci_high", "noise_floor", "verdict")
+    picked = {k: result.get(k) for k in keys if result.get(k) is not None}
+    if isinstance(result.get("headline"), dict):
+        picked = {**result["headline"], **picked}
+    accuracy = result.get("accuracy")
+    if isinstance(accuracy, dict):
+        picked["accuracy_pass"] = all(
+            bool(v.get("pass", True)) for v in accuracy.values() if isinstance(v, dict)
+        )
+    environment = result.get("environment")
+    if isinstance(environment, dict):
+        picked["device"] = environment.get("device_name") or environment.get("device")
+    return picked
+
+
+def interval_text(headline_: dict[str, Any] | None) -> str | None:
+    """`1.023 [0.998, 1.051]`: the ratio and its confidence interval, or None if either is
+    missing."""
+    h = headline_ or {}
+    try:
+        return f"{float(h['ratio']):.3f} [{float(h['ci_low']):.3f}, {float(h['ci_high']):.3f}]"
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def ratio_text(headline_: dict[str, Any] | None) -> str:
+    """The ratio as PR titles, verdict statements and merge notes write it."""
+    interval = interval_text(headline_)
+    return f"ratio {interval}" if interval else "no ratio"
+
+
+def verdict_statement(cycle: Cycle) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
+    return f"{cycle.experiment} ({params}): {cycle.verdict}, {ratio_text(cycle.headline)}"

@@ -1,0 +1,19 @@
+"""Where a job's files live on the host that runs it: one layout, read by the API and the CLI,
+written by the GPU worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.settings import Settings
+
+LOG_NAME = "job.log"
+
+
+def job_dir(settings: Settings, job_id: int) -> Path:
+    return settings.state_dir.absolute() / "jobs" / str(job_id)
+
+
+def log_path(settings: Settings, job_id: int, recorded: str | None = None) -> Path:
+    """The job's log: the path its worker recorded, else where the layout puts it."""
+    return Path(recorded) if recorded else job_dir(settings, job_id) / LOG_NAME
