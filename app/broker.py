@@ -138,10 +138,8 @@ def ring_prepare(settings: Settings, job_id: int) -> None:
     )
 
 
-def ring_gpu(settings: Settings, queue: str, job_id: int | None = None) -> None:
-    client(settings).send_task(
-        RUN_JOBS, args=[queue, job_id], queue=queue, expires=DOORBELL_EXPIRES_S
-    )
+def ring_gpu(settings: Settings, queue: str) -> None:
+    client(settings).send_task(RUN_JOBS, args=[queue], queue=queue, expires=DOORBELL_EXPIRES_S)
 
 
 def ring_advance(settings: Settings, cycle_id: int, countdown: float | None = None) -> None:

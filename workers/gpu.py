@@ -138,7 +138,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
                 "preload": list(cfg.project.preload),
             }
     if prepared:
-        broker.ring_gpu(settings, queue, job_id)
+        broker.ring_gpu(settings, queue)
     return prepared
 
 

@@ -37,7 +37,7 @@ def prepare_job(job_id: int) -> bool:
 
 
 @celery.task(name=broker.RUN_JOBS)
-def run_jobs(queue: str, job_id: int | None = None) -> int:
+def run_jobs(queue: str) -> int:
     """A doorbell for `queue`: run whatever is prepared there, oldest submission first."""
     me = IDENTITY
     if me is None or me.queue != queue:

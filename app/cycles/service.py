@@ -293,7 +293,7 @@ class Machine:
             gpu_kind, requested = project.gpu_kind, (cycle.experiment, cycle.parameters)
             agent_name, changed = cycle.agent, cycle.changed_hypothesis
             live = _live_fingerprints(session, project.id, exclude=cycle_id)
-            blocked = jobs.blocked_by_budget(session, self.settings, None, project)
+            blocked = jobs.blocked_by_budget(session, self.settings, project)
         if blocked:
             with self.stores.ops_session() as session:
                 _set_state(session, get(session, cycle_id), "deferred_budget", error=blocked)
@@ -798,7 +798,7 @@ def schedule_tick(session: Session, settings: Settings) -> list[int]:
     deferred = session.scalars(select(Cycle).where(Cycle.state == "deferred_budget")).all()
     for cycle in deferred:
         owner = session.get(Project, cycle.project_id)
-        if owner is not None and jobs.blocked_by_budget(session, settings, None, owner) is None:
+        if owner is not None and jobs.blocked_by_budget(session, settings, owner) is None:
             _set_state(session, cycle, "planned")
             ring.append(cycle.id)
     session.flush()
@@ -809,7 +809,7 @@ def resume_deferred(session: Session, settings: Settings, project_id: int, limit
     """Return up to `limit` of the project's oldest `deferred_budget` cycles to `planned`
     when its budgets allow a job now; the caller rings them after commit."""
     owner = session.get(Project, project_id)
-    if owner is None or jobs.blocked_by_budget(session, settings, None, owner) is not None:
+    if owner is None or jobs.blocked_by_budget(session, settings, owner) is not None:
         return []
     waiting = session.scalars(
         select(Cycle)

@@ -177,9 +177,7 @@ def first_waiting(session: Session, queue: str) -> Job | None:
     return repo.first_waiting(session, queue)
 
 
-def blocked_by_budget(
-    session: Session, settings: Settings, job: Job | None, project: Project | None
-) -> str | None:
+def blocked_by_budget(session: Session, settings: Settings, project: Project | None) -> str | None:
     """Why a job of `project` may not take a GPU now, or None. Peak (concurrent GPUs) and
     average (GPU-hours per day) are two limits, checked separately, per project and globally."""
     for label, project_id, budget in _budget_scopes(settings, project):

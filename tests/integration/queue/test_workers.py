@@ -107,7 +107,7 @@ def test_duplicate_doorbells_are_no_ops(workers: Workers, stores: Stores, tmp_pa
     job_id = submit(stores, workers, repo, sleep_s=0.2)
     for _ in range(3):
         broker.ring_prepare(workers.settings, job_id)
-        broker.ring_gpu(workers.settings, "gpu.cpu", job_id)
+        broker.ring_gpu(workers.settings, "gpu.cpu")
     done = wait_for(lambda: finished(stores, job_id), timeout=120)
     assert done.state == "succeeded"
     # A later job proves the duplicate doorbells were all consumed without running anything.
