@@ -31,6 +31,7 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check app workers
+	$(BIN)/lint-imports --no-cache
 
 typecheck: install
 	$(BIN)/mypy app workers
