@@ -24,30 +24,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import platform
 import shutil
-import signal
 import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import git
 import httpx
+from _common import (
+    ROOT,
+    Services,
+    autopilot_env,
+    bench_parser,
+    emit,
+    machine_line,
+    make_probe_repo,
+    percentile,
+    probe_config,
+    today,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "bench-probe"
 OVERHEAD_GOAL_S = 1.5
 RATIO_GOAL = 3.0
@@ -76,54 +81,18 @@ json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": param
           open(os.environ["AUTOPILOT_RESULT"], "w"))
 '''
 
-CONFIG = """
-[project]
-name = "{name}"
-gpu_kind = "cpu"
-python_requirements = []
-
-[experiments.probe]
-entry = "probe.main"
-time_limit_s = 120
-
-[experiments.probe.parameters]
-k = [{points}]
-sleep_s = [0.2]
-
-[experiments.probe.defaults]
-k = 0
-sleep_s = 0.2
-"""
-
 
 def make_repo(root: Path, name: str, points: int = 30) -> Path:
-    repo_dir = root / name
-    (repo_dir / "probe").mkdir(parents=True)
-    (repo_dir / "probe" / "__init__.py").write_text("")
-    (repo_dir / "probe" / "main.py").write_text(textwrap.dedent(PROBE))
-    space = ", ".join(str(k) for k in range(points))
-    (repo_dir / "autopilot.toml").write_text(CONFIG.format(name=name, points=space))
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add(["probe/__init__.py", "probe/main.py", "autopilot.toml"])
-    actor = git.Actor("bench", "bench@example.invalid")
-    repo.index.commit("probe project", author=actor, committer=actor)
-    return repo_dir
-
-
-# -- statistics ---------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100)."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    if len(data) == 1:
-        return data[0]
-    pos = (len(data) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+    """The probe experiment with a `points`-point space (`k`), so each cycle gets a fresh one."""
+    config = probe_config(
+        name,
+        "probe",
+        "probe.main",
+        120,
+        parameters={"k": list(range(points)), "sleep_s": [0.2]},
+        defaults={"k": 0, "sleep_s": 0.2},
+    )
+    return make_probe_repo(root, name, "probe", PROBE, config, "probe project")
 
 
 def ts(value: str | None) -> float | None:
@@ -143,58 +112,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class Services:
-    env: dict[str, str]
-    log_dir: Path
-    cwd: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the child
-        proc = subprocess.Popen(  # noqa: S603 - our own commands, fixed argv
-            argv,
-            env=self.env,
-            cwd=self.cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, ended as a whole
-        )
-        log.close()
-        self.procs[name] = proc
-        return proc
-
-    def cli(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        return self.start(name, [sys.executable, "-m", "workers.cli", *args])
-
-    def stop(self, name: str, timeout: float = 20.0) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        # Whatever the leader left in its group (an experiment, a pool thread's child) goes too.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            with contextlib.suppress(Exception):
-                self.stop(name)
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
 
 
 def run_cli(env: dict[str, str], cwd: Path, *args: str) -> str:
@@ -383,9 +300,9 @@ def load(
 
 def summary(latencies: list[float]) -> dict[str, float]:
     return {
-        "p50_ms": pct(latencies, 50),
-        "p95_ms": pct(latencies, 95),
-        "p99_ms": pct(latencies, 99),
+        "p50_ms": percentile(latencies, 0.50, interpolate=True),
+        "p95_ms": percentile(latencies, 0.95, interpolate=True),
+        "p99_ms": percentile(latencies, 0.99, interpolate=True),
         "max_ms": max(latencies),
     }
 
@@ -426,16 +343,6 @@ def measure_latency(
 # -- main ---------------------------------------------------------------------------------------
 
 
-def machine() -> str:
-    model = platform.processor() or "unknown"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False)
-        for line in out.stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
-
-
 @contextlib.contextmanager
 def state_dir(keep: bool) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="cycle-overhead-"))
@@ -455,14 +362,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         state.mkdir()
         log_dir.mkdir()
         port, hello_port = free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
-        env.update(
+        pythonpath = [str(ROOT), os.environ.get("PYTHONPATH")]
+        env = autopilot_env(
             {
                 "AUTOPILOT_STATE_DIR": str(state),
                 "AUTOPILOT_PORT": str(port),
                 "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": "true",
                 "AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT": "1000",
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+                "PYTHONPATH": os.pathsep.join(filter(None, pythonpath)),
             }
         )
         repo = make_repo(tmp, PROJECT)
@@ -520,15 +427,17 @@ def report(
         "cycles": len(rows),
         "measured": {
             "overhead_median_s": overhead_med,
-            "overhead_p95_s": pct(col("overhead_s"), 95),
+            "overhead_p95_s": percentile(col("overhead_s"), 0.95, interpolate=True),
             "overhead_first_line_median_s": statistics.median(col("overhead_first_line_s")),
-            "overhead_first_line_p95_s": pct(col("overhead_first_line_s"), 95),
+            "overhead_first_line_p95_s": percentile(
+                col("overhead_first_line_s"), 0.95, interpolate=True
+            ),
             "experiment_gpu_seconds_median_s": statistics.median(col("gpu_seconds")),
             "experiment_first_line_to_finished_median_s": statistics.median(
                 col("first_line_to_finished_s")
             ),
             "cycle_wall_median_s": statistics.median(col("wall_s")),
-            "cycle_wall_p95_s": pct(col("wall_s"), 95),
+            "cycle_wall_p95_s": percentile(col("wall_s"), 0.95, interpolate=True),
             "trigger_p50_ms": ours["p50_ms"],
             "trigger_p95_ms": ours["p95_ms"],
             "trigger_p99_ms": ours["p99_ms"],
@@ -554,8 +463,8 @@ def report(
         "breakdown_median_s": parts,
         "latency_rounds": latency["rounds"],
         "load": {"requests": REQUESTS, "clients": CLIENTS, "workers_during_load": "stopped"},
-        "machine": machine(),
-        "date": datetime.now(UTC).date().isoformat(),
+        "machine": machine_line(),
+        "date": today(),
     }
 
 
@@ -591,20 +500,14 @@ def print_text(result: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 cycles, 1 latency round")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = bench_parser(__doc__, quick="5 cycles, 1 latency round")
     parser.add_argument("--keep", action="store_true", help="keep the state dir and logs")
     args = parser.parse_args()
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    result = run(args, log)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_text(result)
+    emit(run(args, log), args.json, indent=2, text=print_text)
     return 0
 
 

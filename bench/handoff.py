@@ -19,16 +19,11 @@ Goal: median gap <= baseline + 50 ms, duty cycle >= 0.95.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,24 +32,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _common import (
+    ROOT,
+    Services,
+    autopilot_env,
+    bench_parser,
+    emit,
+    machine,
+    make_probe_repo,
+    percentile,
+    probe_config,
+)
+from celery import Celery
+from kombu import Queue  # type: ignore[attr-defined]
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
 
-import git  # noqa: E402
-from celery import Celery  # noqa: E402
-from kombu import Queue  # type: ignore[attr-defined]  # noqa: E402
-from sqlalchemy import create_engine, select, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
-
-from app import broker, migrate  # noqa: E402
-from app.db import Stores  # noqa: E402
-from app.jobs import service as jobs  # noqa: E402
-from app.jobs.models import Job  # noqa: E402
-from app.projects import config as project_config  # noqa: E402
-from app.projects import service as ops  # noqa: E402
-from app.projects.schemas import ProjectCreate  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from app import broker, migrate
+from app.db import Stores
+from app.jobs import service as jobs
+from app.jobs.models import Job
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.projects.schemas import ProjectCreate
+from app.settings import Settings
 
 GAP_MARGIN_S = 0.050
 DUTY_GOAL = 0.95
@@ -73,32 +74,9 @@ time.sleep(spec["parameters"]["sleep_s"])
 json.dump({"status": "ok"}, open(os.environ["AUTOPILOT_RESULT"], "w"))
 """
 
-CONFIG = """
-[project]
-name = "handoff"
-gpu_kind = "cpu"
-python_requirements = []
-
-[experiments.sleep]
-entry = "hbench.main"
-time_limit_s = 60
-
-[experiments.sleep.parameters]
-sleep_s = [0.5, 0.1]
-"""
+CONFIG = probe_config("handoff", "sleep", "hbench.main", 60, {"sleep_s": [0.5, 0.1]})
 
 T = TypeVar("T")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str) -> T:
@@ -110,19 +88,6 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str) -> T:
         if time.monotonic() > deadline:
             raise SystemExit(f"handoff bench: timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def make_repo(root: Path) -> Path:
-    repo_dir = root / "handoff"
-    (repo_dir / "hbench").mkdir(parents=True)
-    (repo_dir / "hbench" / "__init__.py").write_text("")
-    (repo_dir / "hbench" / "main.py").write_text(textwrap.dedent(USER_MODULE))
-    (repo_dir / "autopilot.toml").write_text(CONFIG)
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add(["hbench/__init__.py", "hbench/main.py", "autopilot.toml"])
-    actor = git.Actor("bench", "bench@example.invalid")
-    repo.index.commit("handoff bench", author=actor, committer=actor)
-    return repo_dir
 
 
 @contextmanager
@@ -145,8 +110,7 @@ def ops_database(url: str | None, state: Path) -> Iterator[str]:
 
 
 def worker_env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
-    env.update(
+    return autopilot_env(
         {
             "AUTOPILOT_STATE_DIR": str(settings.state_dir),
             "AUTOPILOT_MEMORY_URL": settings.memory_database_url,
@@ -157,35 +121,6 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "PYTHONPATH": str(ROOT),
         }
     )
-    return env
-
-
-class Procs:
-    def __init__(self, settings: Settings, logs: Path) -> None:
-        self.settings, self.logs = settings, logs
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: list[str]) -> None:
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        self.procs.append(
-            subprocess.Popen(
-                argv,
-                env=worker_env(self.settings),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.settings.state_dir,
-                start_new_session=True,
-            )
-        )
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
 
 # -- the baseline: a no-op task's round trip on the same broker -------------------------------
@@ -252,11 +187,6 @@ def median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 1)
 
 
-def p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-
-
 def aware(value: datetime | None) -> datetime:
     assert value is not None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -277,16 +207,16 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
         migrate.upgrade(settings)
         stores = Stores.from_settings(settings)
-        procs = Procs(settings, work / "logs")
+        services = Services(worker_env(settings), work / "logs", settings.state_dir)
         try:
-            return _measure(args, work, settings, stores, procs)
+            return _measure(args, work, settings, stores, services)
         finally:
-            procs.stop()
+            services.stop_all()
             stores.dispose()
 
 
 def _measure(
-    args: argparse.Namespace, work: Path, settings: Settings, stores: Stores, procs: Procs
+    args: argparse.Namespace, work: Path, settings: Settings, stores: Stores, services: Services
 ) -> dict[str, Any]:
     if settings.broker_url.startswith("redis"):
         import redis
@@ -294,10 +224,9 @@ def _measure(
         client = redis.Redis.from_url(settings.broker_url)
         for queue in ("control", "prepare", "gpu.cpu", NOOP_QUEUE):
             client.delete(queue)  # leftovers of an earlier run are not this run's doorbells
-    repo = make_repo(work)
-    cli = [sys.executable, "-m", "workers.cli", "worker"]
-    procs.start("control", [*cli, "control", "--loglevel", "WARNING"])
-    procs.start(
+    repo = make_probe_repo(work, "handoff", "hbench", USER_MODULE, CONFIG, "handoff bench")
+    services.cli("control", "worker", "control", "--loglevel", "WARNING")
+    services.start(
         "noop",
         [
             sys.executable,
@@ -335,7 +264,7 @@ def _measure(
     trips = round_trips(app, 20 if args.quick else 50)
 
     t0 = time.monotonic()
-    procs.start("gpu", [*cli, "gpu", "--kind", "cpu", "--device", "0", "--loglevel", "WARNING"])
+    services.cli("gpu", "worker", "gpu", "--kind", "cpu", "--device", "0", "--loglevel", "WARNING")
 
     def all_done() -> bool:
         with stores.ops_session() as session:
@@ -375,14 +304,14 @@ def _measure(
         "job_s": args.job_s,
         "gaps_measured": len(gaps),
         "median_gap_ms": gap_ms,
-        "p95_ms": round(p95(gaps) * 1000, 1),
+        "p95_ms": round(percentile(gaps, 0.95) * 1000, 1),
         "max_gap_ms": round(max(gaps) * 1000, 1),
         "duty_cycle": round(duty or 0.0, 4),
         "wall_duty_cycle": round(n * args.job_s / wall, 4),
         "baseline": {
             "what": "no-op Celery task round trip, same broker, solo worker",
             "median_ms": base_ms,
-            "p95_ms": round(p95(trips) * 1000, 1),
+            "p95_ms": round(percentile(trips, 0.95) * 1000, 1),
             "samples": len(trips),
         },
         "ratio": round(gap_ms / base_ms, 3),
@@ -397,19 +326,12 @@ def _measure(
             "spawn_to_first_line": median_ms(interp),
             "busy_first_line_to_finish": median_ms(busy),
         },
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "date": datetime.now(UTC).date().isoformat(),
-        },
+        "machine": machine("cpu", "cores", "python", "date"),
     }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="15 jobs instead of 50")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap = bench_parser(__doc__, quick="15 jobs instead of 50")
     ap.add_argument("--broker", default="filesystem://", help="filesystem:// or redis://...")
     ap.add_argument("--ops-url", default=None, help="PostgreSQL server URL; default SQLite")
     ap.add_argument(
@@ -445,11 +367,7 @@ def main() -> None:
             print(f"kept {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:22} {value}")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

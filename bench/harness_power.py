@@ -19,20 +19,16 @@ trials called anything but inconclusive. ``ratio`` = harness error rate / naive 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import random
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
 
 import torch
+from _common import bench_parser, machine, print_json, today
 from autopilot_harness import stats
 from autopilot_harness.timing import CpuTimer, interleaved, warm_up
 
@@ -97,21 +93,8 @@ def start_noise() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", NOISE_CODE], env=env)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="6 trials of each kind, fewer pairs")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+    args = bench_parser(__doc__, quick="6 trials of each kind, fewer pairs").parse_args()
     trials = 6 if args.quick else 25
     pairs = 60 if args.quick else 150
     naive_calls = 2 * pairs  # the harness times 4 calls per round (an A/A and an A/B pair)
@@ -199,13 +182,10 @@ def main() -> int:
         "detection_rate": ours["detection_rate"],
         "false_positive_rate": ours["false_positive_rate"],
         "duration_s": round(time.monotonic() - started, 1),
-        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "torch": torch.__version__},
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": machine("cpu", cpus=os.cpu_count(), torch=torch.__version__),
+        "date": today(),
     }
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print(json.dumps(report, indent=2))
+    print_json(report, indent=None if args.json else 2)
     return 0
 
 

@@ -12,22 +12,20 @@ Pairs are interleaved with the order alternating; figures are medians.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from _common import bench_parser, emit, machine, module_job, today
+
 from workers.launcher.guard import run_guard
-from workers.launcher.runner import Job, Limits, Spare, run_job
+from workers.launcher.runner import Limits, Spare, run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
 from workers.launcher.venv import ensure_venv
 
@@ -45,22 +43,8 @@ else:  # the `-m` reference run without the runner
 """
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="20 pairs instead of 60")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args()
+    args = bench_parser(__doc__, quick="20 pairs instead of 60").parse_args()
     pairs = 20 if args.quick else 60
 
     work = Path(tempfile.mkdtemp(prefix="ap-bench-"))
@@ -93,16 +77,8 @@ def main() -> None:
             if not parked:
                 rt = allocate_runtime(state_dir=work / "state", env=base_env)
             try:
-                job = Job(
-                    venv=venv.path,
-                    entry="bench_user",
-                    cwd=worktree,
-                    runtime=rt,
-                    spec={},
-                    pythonpath=[worktree],
-                    base_env=base_env,
-                    cuda_visible_devices="",
-                    requirements_hash=venv.requirements_hash,
+                job = module_job(
+                    venv.path, "bench_user", worktree, rt, base_env, venv.requirements_hash
                 )
                 report = run_guard(
                     venv.path,
@@ -205,19 +181,10 @@ def main() -> None:
         "guard_cold_s": round(guard_cold_s, 4),
         "parked_first_line_s": round(statistics.median(warm), 5),
         "parked_ratio": round(statistics.median(warm) / med_base, 3),
-        "machine": {
-            "cpu": _cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "os": platform.platform(),
-        },
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": machine("cpu", "cores", "python", "os"),
+        "date": today(),
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:24} {value}")
+    emit(result, args.json, width=24)
 
 
 if __name__ == "__main__":

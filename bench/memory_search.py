@@ -10,30 +10,26 @@ query and <= 50 ms.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import random
+import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import bench_parser, emit, machine, percentile, today
+from alembic import command
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
 
-from alembic import command  # noqa: E402
-from sqlalchemy import insert  # noqa: E402
-from sqlalchemy.orm import Session  # noqa: E402
-
-from app import migrate  # noqa: E402
-from app.db import make_engine  # noqa: E402
-from app.memory import service  # noqa: E402
-from app.memory.models import Finding  # noqa: E402
-from app.memory.search import fts_phrase, query_terms  # noqa: E402
+from app import migrate
+from app.db import make_engine
+from app.memory import service
+from app.memory.models import Finding
+from app.memory.search import fts_phrase, query_terms
 
 GOAL_RATIO = 2.0
 GOAL_P95_MS = 50.0
@@ -115,24 +111,7 @@ def queries(rng: random.Random, n: int) -> list[str]:
     return picked
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def run(count: int, n_queries: int, repeats: int) -> dict[str, object]:
+def run(count: int, n_queries: int, repeats: int) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     url = f"sqlite:///{workdir / 'memory.db'}"
     command.upgrade(migrate.alembic_config("memory", url), "head")
@@ -215,32 +194,25 @@ def run(count: int, n_queries: int, repeats: int) -> dict[str, object]:
             "p95_ms_max": GOAL_P95_MS,
             "met": ratio <= GOAL_RATIO and p95 <= GOAL_P95_MS,
         },
-        "machine": {
-            "cpu": cpu_model(),
-            "python": platform.python_version(),
-            "sqlite": __import__("sqlite3").sqlite_version,
-        },
-        "date": datetime.now(UTC).date().isoformat(),
+        "machine": machine("cpu", "python", sqlite=sqlite3.sqlite_version),
+        "date": today(),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10,000 findings, fewer queries")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args()
-    result = run(10_000, 30, 3) if args.quick else run(100_000, 60, 10)
-    if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-        return
+def print_text(result: dict[str, Any]) -> None:
     base = result["baseline"]
-    assert isinstance(base, dict)
     print(
         f"{result['findings']} findings, {result['queries']} searches: service p50 "
         f"{result['p50_ms']} ms, p95 {result['p95_ms']} ms; raw FTS p50 {base['p50_ms']} ms, "
         f"p95 {base['p95_ms']} ms; ratio {result['ratio']} (goal <= {GOAL_RATIO} and p95 <= "
-        f"{GOAL_P95_MS} ms: {'met' if result['goal']['met'] else 'NOT met'})"  # type: ignore[index]
+        f"{GOAL_P95_MS} ms: {'met' if result['goal']['met'] else 'NOT met'})"
     )
+
+
+def main() -> None:
+    args = bench_parser(__doc__, quick="10,000 findings, fewer queries").parse_args()
+    result = run(10_000, 30, 3) if args.quick else run(100_000, 60, 10)
+    emit(result, args.json, indent=2, text=print_text)
 
 
 if __name__ == "__main__":

@@ -12,26 +12,19 @@ baseline, in the same run.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _common import bench_parser, emit, machine, module_job, today
 
-from workers.launcher.runner import Job, Spare, run_job  # noqa: E402
-from workers.launcher.runtime import allocate_runtime, release_runtime  # noqa: E402
-from workers.launcher.venv import ensure_venv  # noqa: E402
+from workers.launcher.runner import Spare, run_job
+from workers.launcher.runtime import allocate_runtime, release_runtime
+from workers.launcher.venv import ensure_venv
 
 USER_MODULE = """\
 import json, os, socket, time
@@ -45,9 +38,8 @@ SETTLE_S = 5.0  # a spare starts while the previous job runs: let it finish its 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ap-parked-"))
     sides: dict[str, list[float]] = {"cold": [], "parked": [], "parked_preload": []}
@@ -60,16 +52,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for side, times in sides.items():
                 rt = allocate_runtime(state_dir=work / "state", env=base_env)
-                job = Job(
-                    venv=venv.path,
-                    entry="bench_torch",
-                    cwd=worktree,
-                    runtime=rt,
-                    spec={},
-                    pythonpath=[worktree],
-                    base_env=base_env,
-                    cuda_visible_devices="",
-                )
+                job = module_job(venv.path, "bench_torch", worktree, rt, base_env)
                 spare = None
                 if side != "cold":
                     preload = ["torch", "numpy"] if side == "parked_preload" else []
@@ -108,18 +91,10 @@ def main() -> None:
         "baseline": "cold: <venv>/bin/python -m <entry>, spawn to first line",
         "ratio_parked": round(med["parked"] / med["cold"], 3),
         "ratio_parked_preload": round(med["parked_preload"] / med["cold"], 4),
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-        },
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": machine("cpu", "cores", "python"),
+        "date": today(),
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:22} {value}")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":
