@@ -50,7 +50,7 @@ pytest: install browser
 test: check pytest
 
 bench: install
-	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+	for b in bench/[!_]*.py; do $(BIN)/python $$b --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache

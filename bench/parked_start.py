@@ -38,9 +38,10 @@ SETTLE_S = 5.0  # a spare starts while the previous job runs: let it finish its 
 
 
 def main() -> None:
-    ap = bench_parser(__doc__)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap = bench_parser(__doc__, quick="3 rounds instead of 10")
+    ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args()
+    args.rounds = args.rounds or (3 if args.quick else 10)
     work = Path(tempfile.mkdtemp(prefix="ap-parked-"))
     sides: dict[str, list[float]] = {"cold": [], "parked": [], "parked_preload": []}
     try:
