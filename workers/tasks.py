@@ -54,24 +54,25 @@ def reap() -> dict[str, list[int] | list[str]]:
 
 @celery.task(name=broker.ADVANCE_CYCLE)
 def advance_cycle(cycle_id: int) -> str:
-    from app.cycles.service import Machine
+    from app.cycles.machine import Machine
 
     return Machine(stores(), get_settings()).advance(cycle_id)
 
 
 @celery.task(name=broker.MERGE_CYCLE)
 def merge_cycle(cycle_id: int) -> str:
-    from app.cycles.service import Machine, merge_approved
+    from app.cycles.machine import Machine
+    from app.cycles.review import merge_approved
 
     return merge_approved(Machine(stores(), get_settings()), cycle_id)
 
 
 @celery.task(name=broker.SCHEDULE_TICK)
 def schedule_tick() -> list[int]:
-    from app.cycles import service as cycles
+    from app.cycles import schedules
 
     with stores().ops_session() as session:
-        due = cycles.schedule_tick(session, get_settings())
+        due = schedules.schedule_tick(session, get_settings())
     for cycle_id in due:  # after the commit
         broker.ring_advance(get_settings(), cycle_id)
     return due

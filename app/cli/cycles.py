@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from app import broker
 from app.cli.common import (
@@ -19,8 +20,10 @@ from app.cli.common import (
     open_stores,
 )
 from app.cycles import service
+from app.cycles.models import Cycle
 from app.cycles.schemas import CycleOut, StepOut
 from app.errors import AutopilotError
+from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
@@ -28,9 +31,11 @@ from app.projects.schemas import ProjectCreate
 cycle_app = typer.Typer(help="Research cycles: run, list, show, cancel.", no_args_is_help=True)
 
 
-def _row(cycle: Any) -> dict[str, Any]:
+def _row(session: Session, cycle: Cycle) -> dict[str, Any]:
 
-    return CycleOut.model_validate(cycle).model_dump(mode="json")
+    out = CycleOut.model_validate(cycle)
+    out.job_id = jobs.ids_for_cycles(session, [cycle.id]).get(cycle.id)
+    return out.model_dump(mode="json")
 
 
 @cycle_app.command("run")
@@ -64,7 +69,7 @@ def cycle_run(
     seen = ""
     while True:
         with stores.ops_session() as session:
-            row = _row(service.get(session, cycle_id))
+            row = _row(session, service.get(session, cycle_id))
         if not wait or row["state"] in service.SETTLED:
             break
         if row["state"] != seen and not as_json:
@@ -86,7 +91,9 @@ def cycle_list(
 
     try:
         with open_stores().ops_session() as session:
-            rows = [_row(c) for c in service.list_cycles(session, project=project, state=state)]
+            rows = [
+                _row(session, c) for c in service.list_cycles(session, project=project, state=state)
+            ]
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     if as_json:
@@ -108,7 +115,7 @@ def cycle_show(
 
     try:
         with open_stores().ops_session() as session:
-            row = _row(service.get(session, cycle_id))
+            row = _row(session, service.get(session, cycle_id))
             row["steps"] = [
                 StepOut.model_validate(s).model_dump(mode="json")
                 for s in service.steps(session, cycle_id)

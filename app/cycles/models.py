@@ -13,7 +13,9 @@ from app.db import OpsBase
 
 
 class Cycle(OpsBase):
-    """One research cycle, from trigger to a pull request awaiting review. `advance` moves it."""
+    """One research cycle, from trigger to a pull request awaiting review. `advance` moves it.
+
+    Its job is the one whose `Job.cycle_id` names it (`app.jobs.service.for_cycle`)."""
 
     __tablename__ = "cycle"
 
@@ -30,7 +32,6 @@ class Cycle(OpsBase):
     proposal: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
     repeat_of: Mapped[str | None] = mapped_column(String(32))
-    job_id: Mapped[int | None] = mapped_column(Integer)
     worktree: Mapped[str | None] = mapped_column(String(1024))
     branch: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))

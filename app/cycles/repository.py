@@ -2,10 +2,111 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
+
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
-from app.cycles.models import Cycle
+from app.clock import utcnow
+from app.cycles.models import Cycle, CycleStep
+from app.cycles.states import HOLDS_FINGERPRINT, LIVE, ON_JOB, STEPPING
+
+# -- cycles -------------------------------------------------------------------------------------
+
+
+def get(session: Session, cycle_id: int) -> Cycle | None:
+    return session.get(Cycle, cycle_id)
+
+
+def by_idempotency_key(session: Session, key: str) -> Cycle | None:
+    """The cycle an earlier trigger with the same key created, if any."""
+    return session.scalars(select(Cycle).where(Cycle.idempotency_key == key)).one_or_none()
+
+
+def add(session: Session, cycle: Cycle) -> None:
+    session.add(cycle)
+    session.flush()
+
+
+def detach(session: Session, cycle: Cycle) -> None:
+    """For reading the row after its session closed (around git, forge, subprocess work)."""
+    session.expunge(cycle)
+
+
+def set_state(session: Session, cycle: Cycle, state: str, error: str | None = None) -> None:
+    cycle.state, cycle.updated_at = state, utcnow()
+    if error is not None:
+        cycle.error = error
+    session.flush()
+
+
+def live_count(session: Session, project_id: int) -> int:
+    """How many of the project's cycles have not finished stepping."""
+    count = session.scalar(
+        select(func.count())
+        .select_from(Cycle)
+        .where(Cycle.project_id == project_id, Cycle.state.in_(LIVE))
+    )
+    return count or 0
+
+
+def list_cycles(
+    session: Session, *, project_id: int | None = None, state: str | None = None, limit: int = 100
+) -> Sequence[Cycle]:
+    query = select(Cycle)
+    if project_id is not None:
+        query = query.where(Cycle.project_id == project_id)
+    if state:
+        query = query.where(Cycle.state == state)
+    return session.scalars(query.order_by(Cycle.id.desc()).limit(limit)).all()
+
+
+def stepping_untouched_since(session: Session, older_than: datetime) -> list[tuple[int, datetime]]:
+    """Cycles with a step to run that nobody has moved since `older_than`: (id, updated_at)."""
+    rows = session.execute(
+        select(Cycle.id, Cycle.updated_at).where(
+            Cycle.state.in_(STEPPING), Cycle.updated_at < older_than
+        )
+    ).all()
+    return [(cycle_id, updated_at) for cycle_id, updated_at in rows]
+
+
+def waiting_on_job_ids(session: Session) -> list[int]:
+    """Cycles whose next move is their job's end."""
+    return list(session.scalars(select(Cycle.id).where(Cycle.state.in_(ON_JOB))).all())
+
+
+def live_fingerprints(session: Session, project_id: int, exclude: int) -> set[str]:
+    """Fingerprints the project's other unfinished (or unreviewed) cycles already hold."""
+    rows = session.scalars(
+        select(Cycle.fingerprint).where(
+            Cycle.project_id == project_id,
+            Cycle.id != exclude,
+            Cycle.state.in_(HOLDS_FINGERPRINT),
+            Cycle.fingerprint.is_not(None),
+        )
+    ).all()
+    return {fp for fp in rows if fp}
+
+
+def deferred(session: Session) -> Sequence[Cycle]:
+    """Every cycle deferred for budget."""
+    return session.scalars(select(Cycle).where(Cycle.state == "deferred_budget")).all()
+
+
+def oldest_deferred_locked(session: Session, project_id: int, limit: int) -> Sequence[Cycle]:
+    """The project's oldest `limit` cycles deferred for budget, locked for this transaction.
+
+    Two jobs ending at once resume two cycles, not the same one twice (SKIP LOCKED on
+    PostgreSQL; SQLite serialises its writers anyway)."""
+    return session.scalars(
+        select(Cycle)
+        .where(Cycle.project_id == project_id, Cycle.state == "deferred_budget")
+        .order_by(Cycle.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
 
 
 def counts_by_state(session: Session) -> dict[str, int] | None:
@@ -14,3 +115,33 @@ def counts_by_state(session: Session) -> dict[str, int] | None:
         return None
     rows = session.execute(select(Cycle.state, func.count()).group_by(Cycle.state))
     return {str(state): int(count) for state, count in rows}
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+def steps(session: Session, cycle_id: int) -> Sequence[CycleStep]:
+    """The cycle's audit trail, oldest first."""
+    return session.scalars(
+        select(CycleStep).where(CycleStep.cycle_id == cycle_id).order_by(CycleStep.id)
+    ).all()
+
+
+def step_attempts(session: Session, cycle_id: int, name: str) -> Sequence[CycleStep]:
+    """Every attempt so far at one step of the cycle."""
+    return session.scalars(
+        select(CycleStep).where(CycleStep.cycle_id == cycle_id, CycleStep.name == name)
+    ).all()
+
+
+def get_step(session: Session, step_id: int) -> CycleStep | None:
+    return session.get(CycleStep, step_id)
+
+
+def add_step(session: Session, step: CycleStep, *, detached: bool = False) -> CycleStep:
+    """Record a step row; `detached` hands it back readable after the session closes."""
+    session.add(step)
+    session.flush()
+    if detached:
+        session.expunge(step)
+    return step

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Response, status
+from sqlalchemy.orm import Session
 
 from app import broker
 from app.api.deps import (
@@ -16,7 +18,8 @@ from app.api.deps import (
     get_settings,
     get_stores,
 )
-from app.cycles import service
+from app.cycles import review, schedules, service
+from app.cycles.models import Cycle, CycleStep
 from app.cycles.schemas import (
     AutopilotOut,
     AutopilotSet,
@@ -26,15 +29,21 @@ from app.cycles.schemas import (
     StepOut,
 )
 from app.db import Stores
+from app.jobs import service as jobs
 from app.settings import Settings
 
 router = APIRouter(prefix="/cycles", tags=["cycles"])
 
 
-def _out(cycle: object, steps: object = ()) -> CycleOut:
+def _out(cycle: Cycle, job_ids: dict[int, int], steps: Sequence[CycleStep] = ()) -> CycleOut:
     out = CycleOut.model_validate(cycle)
-    out.steps = [StepOut.model_validate(s) for s in steps]  # type: ignore[attr-defined]
+    out.job_id = job_ids.get(cycle.id)
+    out.steps = [StepOut.model_validate(s) for s in steps]
     return out
+
+
+def _one(session: Session, cycle: Cycle, steps: Sequence[CycleStep] = ()) -> CycleOut:
+    return _out(cycle, jobs.ids_for_cycles(session, [cycle.id]), steps)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=CycleOut)
@@ -60,7 +69,7 @@ def trigger_cycle(
             ),
             max_live=settings.max_live_cycles_per_project,
         )
-        out = _out(cycle)
+        out = _one(session, cycle)
     if created:
         # After the commit, and after the response is sent: the caller does not wait on the
         # broker. A doorbell lost here (the process dies first) is rung again by the reaper.
@@ -74,17 +83,19 @@ def trigger_cycle(
 def list_cycles(
     session: OpsSession, _: AnyToken, project: str | None = None, state: str | None = None
 ) -> list[CycleOut]:
-    return [_out(c) for c in service.list_cycles(session, project=project, state=state)]
+    rows = service.list_cycles(session, project=project, state=state)
+    job_ids = jobs.ids_for_cycles(session, [c.id for c in rows])
+    return [_out(c, job_ids) for c in rows]
 
 
 @router.get("/{cycle_id}", response_model=CycleOut)
 def get_cycle(cycle_id: RowId, session: OpsSession, _: AnyToken) -> CycleOut:
-    return _out(service.get(session, cycle_id), service.steps(session, cycle_id))
+    return _one(session, service.get(session, cycle_id), service.steps(session, cycle_id))
 
 
 @router.post("/{cycle_id}/cancel", response_model=CycleOut)
 def cancel_cycle(cycle_id: RowId, session: OpsSession, token: TriggerToken) -> CycleOut:
-    return _out(service.cancel(session, cycle_id, token.name))
+    return _one(session, service.cancel(session, cycle_id, token.name))
 
 
 @router.post("/{cycle_id}/review", response_model=CycleOut)
@@ -96,7 +107,7 @@ def review_cycle(
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> CycleOut:
     """Approve (validates the findings; optionally merges) or reject (refutes them)."""
-    service.review(
+    review.review(
         stores,
         settings,
         cycle_id,
@@ -106,7 +117,7 @@ def review_cycle(
         merge=body.merge,
     )
     with stores.ops_session() as session:
-        return _out(service.get(session, cycle_id), service.steps(session, cycle_id))
+        return _one(session, service.get(session, cycle_id), service.steps(session, cycle_id))
 
 
 autopilot_router = APIRouter(prefix="/projects", tags=["projects"])
@@ -118,5 +129,5 @@ def set_autopilot(
 ) -> AutopilotOut:
     """Start or stop a project's schedule (`every 2h` or a cron expression)."""
     return AutopilotOut.model_validate(
-        service.set_autopilot(session, name, body.enabled, body.schedule)
+        schedules.set_autopilot(session, name, body.enabled, body.schedule)
     )

@@ -46,7 +46,7 @@ class CycleOut(BaseModel):
     changed_hypothesis: str | None
     fingerprint: str | None
     repeat_of: str | None
-    job_id: int | None
+    job_id: int | None = None  # not a cycle column: its job is found by Job.cycle_id
     branch: str | None
     commit_sha: str | None
     pr_number: int | None

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from app.cycles import review as cycle_review
 from app.cycles import service as cycles
 from app.dashboard import auth, evidence, live, views
 from app.db import Stores
@@ -371,7 +372,7 @@ def decide(
             note=note[:MAX_NOTE_CHARS],
         )
     try:
-        cycles.review(
+        cycle_review.review(
             _stores(request),
             _settings(request),
             cycle_id,

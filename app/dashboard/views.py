@@ -193,7 +193,7 @@ def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str)
             cycle=cycle,
             project=project,
             steps=list(cycles.steps(session, cycle_id)),
-            job=session.get(Job, cycle.job_id) if cycle.job_id is not None else None,
+            job=jobs.for_cycle(session, cycle.id),
         )
         session.expunge_all()
     ref = ProjectRef.of(page.project)

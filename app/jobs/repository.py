@@ -221,3 +221,41 @@ def lease_expiries(session: Session) -> dict[str, int]:
     )
     rows = session.execute(select(Job.queue, extra_attempts, given_up).group_by(Job.queue))
     return {queue: int(again or 0) + int(gave_up or 0) for queue, again, gave_up in rows}
+
+
+# -- asked by cycles ----
+
+
+def for_cycle(session: Session, cycle_id: int) -> Job | None:
+    """The job a cycle submitted (a cycle has at most one; re-validation jobs have none)."""
+    return session.scalars(
+        select(Job).where(Job.cycle_id == cycle_id).order_by(Job.id).limit(1)
+    ).first()
+
+
+def ids_for_cycles(session: Session, cycle_ids: Sequence[int]) -> dict[int, int]:
+    """Each of these cycles' job id, for those that have one."""
+    if not cycle_ids:
+        return {}
+    rows = session.execute(
+        select(Job.cycle_id, Job.id)
+        .where(Job.cycle_id.in_(cycle_ids))
+        .order_by(Job.id.desc())  # the first job wins should there ever be two
+    ).all()
+    return {int(cycle_id): job_id for cycle_id, job_id in rows if cycle_id is not None}
+
+
+def ended_before_for_cycles(
+    session: Session, cycle_ids: Sequence[int], older_than: datetime
+) -> list[tuple[int, datetime]]:
+    """Of these cycles, those whose job finished before `older_than`: (cycle id, finished_at)."""
+    if not cycle_ids:
+        return []
+    rows = session.execute(
+        select(Job.cycle_id, Job.finished_at).where(
+            Job.cycle_id.in_(cycle_ids),
+            Job.state.in_(FINISHED),
+            Job.finished_at < older_than,
+        )
+    ).all()
+    return [(int(c), f) for c, f in rows if c is not None and f is not None]

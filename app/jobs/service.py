@@ -478,3 +478,23 @@ def duty_cycle(jobs: Sequence[Job]) -> float | None:
     gaps = sum(j.idle_gap_s or 0.0 for j in jobs if j.idle_gap_s is not None)
     total = busy + gaps
     return busy / total if total > 0 else None
+
+
+# -- asked by cycles ----
+
+
+def for_cycle(session: Session, cycle_id: int) -> Job | None:
+    """The job a cycle submitted, if it got that far (`Job.cycle_id` says whose it is)."""
+    return repo.for_cycle(session, cycle_id)
+
+
+def ids_for_cycles(session: Session, cycle_ids: Sequence[int]) -> dict[int, int]:
+    """Cycle id → its job's id, for the given cycles that have a job."""
+    return repo.ids_for_cycles(session, cycle_ids)
+
+
+def cycles_whose_job_ended(
+    session: Session, cycle_ids: Sequence[int], older_than: datetime
+) -> list[tuple[int, datetime]]:
+    """Of these cycles, those whose job finished before `older_than`, with when it did."""
+    return repo.ended_before_for_cycles(session, cycle_ids, older_than)

@@ -38,3 +38,15 @@ def get_token_by_name(session: Session, name: str) -> ApiToken | None:
 
 def list_tokens(session: Session) -> Sequence[ApiToken]:
     return session.scalars(select(ApiToken).order_by(ApiToken.name)).all()
+
+
+# -- asked by cycles ----
+
+
+def get_by_id(session: Session, project_id: int) -> Project | None:
+    return session.get(Project, project_id)
+
+
+def on_autopilot(session: Session) -> Sequence[Project]:
+    """The projects whose schedule is switched on."""
+    return session.scalars(select(Project).where(Project.autopilot_enabled.is_(True))).all()

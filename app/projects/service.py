@@ -105,3 +105,16 @@ def require_scope(token: ApiToken, scope: str) -> None:
     """`admin` holds every scope; otherwise the token must carry the scope itself."""
     if scope not in token.scopes and "admin" not in token.scopes:
         raise Forbidden(f"this action needs scope {scope!r}; the token has {token.scopes}")
+
+
+# -- asked by cycles ----
+
+
+def get_by_id(session: Session, project_id: int) -> Project | None:
+    """A project by its row id (a cycle or job names its project so), or None if it is gone."""
+    return repository.get_by_id(session, project_id)
+
+
+def on_autopilot(session: Session) -> Sequence[Project]:
+    """The projects whose schedule is switched on."""
+    return repository.on_autopilot(session)

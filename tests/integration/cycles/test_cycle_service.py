@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
-from app.cycles import service
+from app.cycles import schedules, service
 from app.cycles.models import Cycle
 from app.db import Stores
 from app.errors import InvalidInput
@@ -28,11 +28,11 @@ def project(stores: Stores, name: str = "sched") -> None:
 def test_schedule_tick_starts_due_cycles_once(stores: Stores, settings: Settings) -> None:
     project(stores)
     with stores.ops_session() as session:
-        service.set_autopilot(session, "sched", True, "every 2h")
+        schedules.set_autopilot(session, "sched", True, "every 2h")
     with stores.ops_session() as session:
-        first = service.schedule_tick(session, settings)
+        first = schedules.schedule_tick(session, settings)
     with stores.ops_session() as session:
-        again = service.schedule_tick(session, settings)  # not due yet: nothing new
+        again = schedules.schedule_tick(session, settings)  # not due yet: nothing new
     assert len(first) == 1 and again == []
     with stores.ops_session() as session:
         cycle = session.get(Cycle, first[0])
@@ -40,21 +40,21 @@ def test_schedule_tick_starts_due_cycles_once(stores: Stores, settings: Settings
         row = ops.get_project(session, "sched")
         row.last_scheduled_at = row.last_scheduled_at - timedelta(hours=3)  # type: ignore[operator]
     with stores.ops_session() as session:
-        assert len(service.schedule_tick(session, settings)) == 1
+        assert len(schedules.schedule_tick(session, settings)) == 1
     with stores.ops_session() as session:
-        service.set_autopilot(session, "sched", False, None)
+        schedules.set_autopilot(session, "sched", False, None)
         row = ops.get_project(session, "sched")
         row.last_scheduled_at = None
     with stores.ops_session() as session:
-        assert service.schedule_tick(session, settings) == []
+        assert schedules.schedule_tick(session, settings) == []
 
 
 def test_autopilot_needs_a_valid_schedule(stores: Stores) -> None:
     project(stores)
     with stores.ops_session() as session, pytest.raises(InvalidInput, match="schedule"):
-        service.set_autopilot(session, "sched", True, None)
+        schedules.set_autopilot(session, "sched", True, None)
     with stores.ops_session() as session, pytest.raises(InvalidInput, match="cron"):
-        service.set_autopilot(session, "sched", True, "whenever")
+        schedules.set_autopilot(session, "sched", True, "whenever")
 
 
 def test_deferred_cycle_resumes_when_the_budget_allows(stores: Stores, settings: Settings) -> None:
@@ -65,7 +65,7 @@ def test_deferred_cycle_resumes_when_the_budget_allows(stores: Stores, settings:
         ops.get_project(session, "sched").budget_concurrent_gpus = 1
         cycle_id = cycle.id
     with stores.ops_session() as session:
-        assert service.schedule_tick(session, settings) == [cycle_id]
+        assert schedules.schedule_tick(session, settings) == [cycle_id]
         assert service.get(session, cycle_id).state == "planned"
 
 
@@ -89,11 +89,11 @@ def test_a_freed_gpu_resumes_the_oldest_deferred_cycle_only(
         )
         session.add(busy)
     with stores.ops_session() as session:  # its one GPU is in use: nothing resumes
-        assert service.resume_deferred(session, settings, project_id, limit=1) == []
+        assert schedules.resume_deferred(session, settings, project_id, limit=1) == []
     with stores.ops_session() as session:
         session.get(Job, busy.id).state = "succeeded"  # type: ignore[union-attr]
     with stores.ops_session() as session:
-        assert service.resume_deferred(session, settings, project_id, limit=1) == [ids[0]]
+        assert schedules.resume_deferred(session, settings, project_id, limit=1) == [ids[0]]
     with stores.ops_session() as session:
         states = [service.get(session, i).state for i in ids]
     assert states == ["planned", "deferred_budget", "deferred_budget"]

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.agents import service as agents
-from app.cycles import schedule
+from app.cycles import schedules as schedule
 from app.errors import InvalidInput
 from app.projects import config
 

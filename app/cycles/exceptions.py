@@ -1,0 +1,30 @@
+"""The errors of cycles, each with its status and stable problem type."""
+
+from __future__ import annotations
+
+from app.errors import AutopilotError, Conflict, NotFound
+
+
+class CycleNotFound(NotFound):
+    slug = "cycle-not-found"
+    title = "Cycle not found"
+
+
+class TooManyCycles(AutopilotError):
+    status = 429
+    slug = "too-many-cycles"
+    title = "Too many unfinished cycles"
+
+
+class CycleFinished(Conflict):
+    slug = "cycle-finished"
+    title = "Cycle already ended"
+
+
+class NotAwaitingReview(Conflict):
+    slug = "not-awaiting-review"
+    title = "Cycle is not awaiting review"
+
+
+class Transient(Exception):
+    """A step failed for a reason that may pass (a push, the forge, the broker): retry later."""

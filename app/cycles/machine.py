@@ -1,0 +1,108 @@
+"""The cycle machine: `advance(cycle)` runs the step for the cycle's state (`steps.BY_STATE`)
+until the cycle waits (for its job, a review, a budget) or ends, recording each attempt as a
+step row. It is idempotent: each step looks up what is already done (commits, pushes, PRs and
+findings are looked up before they are redone), so it can be called again after any crash.
+
+It owns its transactions, unlike the rest of the service: a step's work is git, the forge and
+subprocesses, which must never run inside an open transaction (a lock held for minutes, a
+connection pinned, a rollback that cannot undo a push). So the machine and its steps open short
+sessions around those effects, each committing a small, consistent move of the cycle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from app import broker
+from app.clock import utcnow
+from app.cycles import repository, service
+from app.cycles.exceptions import Transient
+from app.cycles.models import CycleStep
+from app.cycles.steps import BY_STATE
+from app.db import Stores
+from app.errors import AutopilotError
+from app.settings import Settings, redact_text
+
+log = logging.getLogger(__name__)
+
+MAX_STEP_ATTEMPTS = 5
+
+
+@dataclass
+class Machine:
+    stores: Stores
+    settings: Settings
+
+    def advance(self, cycle_id: int) -> str:
+        """Run steps until the cycle waits (for its job, a review, a budget) or ends."""
+        with self._lock(cycle_id):
+            while True:
+                with self.stores.ops_session() as session:
+                    state = service.get(session, cycle_id).state
+                step = BY_STATE.get(state)
+                if step is None:
+                    return state
+                attempt = self._begin(cycle_id, state)
+                try:
+                    moved = step(self.stores, self.settings).run(cycle_id)
+                except Transient as exc:
+                    self._end(attempt, "retry", str(exc))
+                    if attempt.attempt >= MAX_STEP_ATTEMPTS:
+                        self._fail(
+                            cycle_id, f"{state}: gave up after {attempt.attempt} tries: {exc}"
+                        )
+                        continue
+                    broker.ring_advance(self.settings, cycle_id, countdown=2**attempt.attempt)
+                    return state
+                except AutopilotError as exc:
+                    self._end(attempt, "failed", exc.detail)
+                    self._fail(cycle_id, f"{state}: {exc.detail}")
+                    continue
+                except Exception as exc:  # a bug or a missing piece: fail it, never hang
+                    log.exception("cycle %s: step %s crashed", cycle_id, state)
+                    detail = f"{type(exc).__name__}: {exc}"
+                    self._end(attempt, "failed", detail)
+                    self._fail(cycle_id, f"{state}: unexpected error: {detail}")
+                    continue
+                self._end(attempt, "done" if moved else "waiting", None)
+                if moved and self.settings.fault_exit_after_step == state:
+                    os._exit(137)  # a crash at the worst moment, for the reliability tests
+                if not moved:
+                    return state
+
+    @contextlib.contextmanager
+    def _lock(self, cycle_id: int) -> Iterator[None]:
+        # One advancer per cycle at a time on this control host; duplicates wait, then find
+        # the work done. (Several control hosts would use a PostgreSQL advisory lock.)
+        folder = self.settings.state_dir.absolute() / "cycles"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{cycle_id}.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def _begin(self, cycle_id: int, name: str) -> CycleStep:
+        with self.stores.ops_session() as session:
+            previous = repository.step_attempts(session, cycle_id, name)
+            waiting = next((s for s in previous if s.status == "waiting"), None)
+            if waiting is not None:  # a wait re-checked is the same attempt, not a new one
+                waiting.status = "started"
+                return waiting
+            row = CycleStep(cycle_id=cycle_id, name=name, attempt=len(previous) + 1)
+            return repository.add_step(session, row, detached=True)
+
+    def _end(self, step: CycleStep, status: str, detail: str | None) -> None:
+        with self.stores.ops_session() as session:
+            row = repository.get_step(session, step.id)
+            if row is not None:
+                row.status, row.detail = status, redact_text(detail) if detail else None
+                row.finished_at = utcnow() if status != "waiting" else None
+
+    def _fail(self, cycle_id: int, message: str) -> None:
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            repository.set_state(session, cycle, "failed", error=redact_text(message))

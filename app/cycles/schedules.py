@@ -1,0 +1,116 @@
+"""The autopilot: a project's schedule (`every 2h`, also m and d, or a five-field cron
+expression), switched on and off, and beat's tick that starts the cycles that are due and
+resumes those deferred for budget once it allows."""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime, timedelta
+
+from celery.schedules import crontab
+from sqlalchemy.orm import Session
+
+from app.clock import utcnow
+from app.cycles import repository, service
+from app.cycles.exceptions import TooManyCycles
+from app.errors import InvalidInput
+from app.jobs import service as jobs
+from app.projects import service as projects
+from app.projects.models import Project
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_EVERY = re.compile(r"^every\s+(\d+)\s*([mhd])$")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse(expression: str) -> timedelta | crontab:
+    text = expression.strip().lower()
+    every = _EVERY.fullmatch(text)
+    if every:
+        amount = int(every.group(1))
+        if amount <= 0:
+            raise InvalidInput(f"schedule {expression!r}: the interval must be positive")
+        return timedelta(**{_UNITS[every.group(2)]: amount})
+    fields = text.split()
+    if len(fields) != 5:
+        raise InvalidInput(
+            f"schedule {expression!r} is neither 'every N[m|h|d]' (e.g. 'every 2h') nor a "
+            "five-field cron expression (e.g. '0 */2 * * *')"
+        )
+    try:
+        return crontab(*fields)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(f"schedule {expression!r}: {exc}") from None
+
+
+def is_due(expression: str, last_run: datetime | None, now: datetime | None = None) -> bool:
+    """Whether a cycle should start now, given when the schedule last started one."""
+    now = now or datetime.now(UTC)
+    if last_run is None:
+        return True
+    if last_run.tzinfo is None:
+        last_run = last_run.replace(tzinfo=UTC)
+    rule = parse(expression)
+    if isinstance(rule, timedelta):
+        return now - last_run >= rule
+    # crontab: due when its next firing time after the last run has passed.
+    remaining = rule.remaining_estimate(last_run)
+    return bool(last_run + remaining <= now)
+
+
+def set_autopilot(session: Session, name: str, enabled: bool, schedule: str | None) -> Project:
+    """Start or stop a project's schedule; starting needs a schedule (given or stored)."""
+    project = projects.get_project(session, name)
+    if schedule is not None:
+        parse(schedule)
+        project.schedule = schedule
+    if enabled and not project.schedule:
+        raise InvalidInput("schedule: give one to start the autopilot, e.g. 'every 2h'")
+    project.autopilot_enabled = enabled
+    session.flush()
+    return project
+
+
+def schedule_tick(session: Session, settings: Settings) -> list[int]:
+    """Beat's tick: start the cycles that are due, and resume deferred ones whose budget
+    allows again. Returns the cycles to ring (after the caller commits)."""
+    now = utcnow()
+    ring: list[int] = []
+    for project in projects.on_autopilot(session):
+        if not project.schedule or not is_due(project.schedule, project.last_scheduled_at, now):
+            continue
+        project.last_scheduled_at = now
+        try:
+            with session.begin_nested():
+                cycle, _ = service.create(
+                    session,
+                    service.Trigger(project=project.name, trigger="schedule"),
+                    max_live=settings.max_live_cycles_per_project,
+                )
+        except TooManyCycles:
+            log.warning("schedule of %s skipped: too many unfinished cycles", project.name)
+            continue
+        ring.append(cycle.id)
+    for cycle in repository.deferred(session):
+        owner = projects.get_by_id(session, cycle.project_id)
+        if owner is not None and jobs.blocked_by_budget(session, settings, owner) is None:
+            repository.set_state(session, cycle, "planned")
+            ring.append(cycle.id)
+    session.flush()
+    return ring
+
+
+def resume_deferred(session: Session, settings: Settings, project_id: int, limit: int) -> list[int]:
+    """Return up to `limit` of the project's oldest `deferred_budget` cycles to `planned`
+    when its budgets allow a job now; the caller rings them after commit."""
+    owner = projects.get_by_id(session, project_id)
+    if owner is None or jobs.blocked_by_budget(session, settings, owner) is not None:
+        return []
+    waiting = repository.oldest_deferred_locked(session, project_id, limit)
+    for cycle in waiting:
+        repository.set_state(session, cycle, "planned")
+    session.flush()
+    return [c.id for c in waiting]

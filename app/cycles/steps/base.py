@@ -1,0 +1,47 @@
+"""What every step shares: its place in the table (FROM_STATES → TO_STATES), the stores and
+settings, and the few reads and git handles several steps need."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from app.cycles import repository, service
+from app.cycles.models import Cycle
+from app.db import Stores
+from app.forge.base import Forge, ProjectRef
+from app.forge.git import GitWork, Worktree, slugify
+from app.settings import Settings
+
+
+class Step:
+    """One step of the cycle machine. `run` returns True when it moved the cycle on (to one of
+    TO_STATES), False when the cycle has to wait in its state for something outside.
+
+    A step opens its own short sessions: none is held across git, the forge or a subprocess."""
+
+    FROM_STATES: ClassVar[tuple[str, ...]] = ()
+    TO_STATES: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, stores: Stores, settings: Settings) -> None:
+        self.stores, self.settings = stores, settings
+
+    def run(self, cycle_id: int) -> bool:
+        raise NotImplementedError
+
+    def detached(self, cycle_id: int) -> tuple[Cycle, ProjectRef]:
+        """The cycle (detached, for reading outside any transaction) and its project."""
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            ref = ProjectRef.of(service.project_of(session, cycle))
+            repository.detach(session, cycle)
+            return cycle, ref
+
+    def git(self) -> GitWork:
+        return GitWork(self.settings)
+
+    def worktree(self, cycle: Cycle, project: ProjectRef, forge: Forge) -> Worktree:
+        """The cycle's worktree and branch, made once and reused by every later step."""
+        slug = slugify(cycle.agent if cycle.agent != "config" else "cycle")
+        return self.git().prepare_worktree(
+            project.name, forge.remote_url(project), project.default_branch, cycle.id, slug
+        )

@@ -1,0 +1,32 @@
+"""committing → publishing: the result and its report, committed on the cycle's branch."""
+
+from __future__ import annotations
+
+from app.cycles import repository, service
+from app.cycles.pull_request import report_context
+from app.cycles.steps.base import Step
+from app.forge import service as forge_service
+from app.forge.base import ProjectRef
+from app.jobs import service as jobs
+
+
+class Commit(Step):
+    FROM_STATES = ("committing",)
+    TO_STATES = ("publishing",)
+
+    def run(self, cycle_id: int) -> bool:
+        forge = forge_service.forge_for(self.settings, self.stores)
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            ref = ProjectRef.of(service.project_of(session, cycle))
+            job = jobs.for_cycle(session, cycle_id)
+            assert job is not None
+            result = dict(job.result or {})
+            repository.detach(session, cycle)
+        worktree = self.worktree(cycle, ref, forge)
+        sha = forge_service.commit_results(self.git(), worktree, result, report_context(cycle, ref))
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            cycle.commit_sha = sha
+            repository.set_state(session, cycle, "publishing")
+        return True
