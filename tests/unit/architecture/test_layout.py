@@ -37,9 +37,13 @@ def sql_calls(path: Path) -> list[str]:
             name = func.id if isinstance(func, ast.Name) else None
             if name in ("select", "insert", "update", "delete"):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(")
-            if name == "text" and node.args and isinstance(node.args[0], ast.Constant):
-                if SQL.search(f"text({node.args[0].value!r}"):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: text(SQL)")
+            literal = node.args[0] if node.args else None
+            if (
+                name == "text"
+                and isinstance(literal, ast.Constant)
+                and SQL.search(f"text({literal.value!r}")
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: text(SQL)")
     return found
 
 
