@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from app import broker
 from app.agents import service as agents
 from app.clock import aware, utcnow
+from app.cycles import repository as cycle_repository
 from app.cycles.headline import headline, ratio_text, verdict_statement
 from app.cycles.models import Cycle, CycleStep
 from app.db import Stores
@@ -824,3 +825,11 @@ def resume_deferred(session: Session, settings: Settings, project_id: int, limit
         _set_state(session, cycle, "planned")
     session.flush()
     return [c.id for c in waiting]
+
+
+# -- read by the dashboard ----
+
+
+def change_marks(session: Session) -> list[tuple[object, ...]]:
+    """What moves when any cycle or step changes (the dashboard's live pages compare it)."""
+    return cycle_repository.change_marks(session)
