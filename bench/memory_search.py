@@ -33,7 +33,7 @@ from app import migrate  # noqa: E402
 from app.db import make_engine  # noqa: E402
 from app.memory import service  # noqa: E402
 from app.memory.models import Finding  # noqa: E402
-from app.memory.search import fts_phrase, query_terms  # noqa: E402
+from app.memory.search_repository import fts_phrase, query_terms  # noqa: E402
 
 GOAL_RATIO = 2.0
 GOAL_P95_MS = 50.0

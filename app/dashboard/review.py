@@ -4,6 +4,7 @@ plot, and the decision form (approve or reject, with a note and an optional merg
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
@@ -179,24 +180,12 @@ def decide(
             f"Deciding needs a token with scope 'review'; {viewer.name!r} has "
             f"{', '.join(viewer.scopes) or 'none'}. Sign in with a review token.",
         )
+    # The form again, with what was wrong and the note as typed.
+    form_again = partial(_cycle_page, request, viewer, stores, settings, cycle_id)
     if decision not in ("approve", "reject"):
-        return _cycle_page(
-            request,
-            viewer,
-            stores,
-            settings,
-            cycle_id,
-            status_code=422,
-            error="Choose approve or reject.",
-            note=note,
-        )
+        return form_again(status_code=422, error="Choose approve or reject.", note=note)
     if len(note) > MAX_NOTE_CHARS:
-        return _cycle_page(
-            request,
-            viewer,
-            stores,
-            settings,
-            cycle_id,
+        return form_again(
             status_code=422,
             error=f"The note is longer than {MAX_NOTE_CHARS} characters.",
             note=note[:MAX_NOTE_CHARS],
@@ -212,16 +201,7 @@ def decide(
             merge=decision == "approve" and merge is not None,
         )
     except (InvalidInput, Conflict) as exc:
-        return _cycle_page(
-            request,
-            viewer,
-            stores,
-            settings,
-            cycle_id,
-            status_code=exc.status,
-            error=exc.detail,
-            note=note,
-        )
+        return form_again(status_code=exc.status, error=exc.detail, note=note)
     except AutopilotError as exc:
         return from_exception(request, viewer, exc)
     done = "approved" if decision == "approve" else "rejected"
