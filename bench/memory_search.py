@@ -29,7 +29,7 @@ from app import migrate
 from app.db import make_engine
 from app.memory import service
 from app.memory.models import Finding
-from app.memory.search import fts_phrase, query_terms
+from app.memory.search_repository import fts_phrase, query_terms
 
 GOAL_RATIO = 2.0
 GOAL_P95_MS = 50.0

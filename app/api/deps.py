@@ -24,12 +24,16 @@ def get_stores(request: Request) -> Stores:
     return stores
 
 
-def ops_session(stores: Annotated[Stores, Depends(get_stores)]) -> Iterator[Session]:
+StoresDep = Annotated[Stores, Depends(get_stores)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def ops_session(stores: StoresDep) -> Iterator[Session]:
     with stores.ops_session() as session:
         yield session
 
 
-def memory_session(stores: Annotated[Stores, Depends(get_stores)]) -> Iterator[Session]:
+def memory_session(stores: StoresDep) -> Iterator[Session]:
     with stores.memory_session() as session:
         yield session
 
@@ -53,7 +57,7 @@ def bearer_token(request: Request) -> str | None:
     return value.strip()
 
 
-def current_token(request: Request, stores: Annotated[Stores, Depends(get_stores)]) -> ApiToken:
+def current_token(request: Request, stores: StoresDep) -> ApiToken:
     # Its own short session: authentication must not share the request's unit of work.
     with stores.ops_session() as session:
         token = ops.authenticate(session, bearer_token(request))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from app.api.deps import get_settings, get_stores
+from app.api.deps import SettingsDep, StoresDep
 from app.api.problems import problem_response
-from app.db import Stores
 from app.errors import PROBLEM_BASE
 from app.settings import Settings
 
@@ -47,8 +46,8 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None)
 def readyz(
-    stores: Annotated[Stores, Depends(get_stores)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    stores: StoresDep,
+    settings: SettingsDep,
 ) -> dict[str, Any] | JSONResponse:
     checks: dict[str, str | None] = {**stores.check(), "broker": broker_problem(settings)}
     failing = {name: reason for name, reason in checks.items() if reason}

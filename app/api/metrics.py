@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -16,11 +15,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.api.deps import get_settings, get_stores
+from app.api.deps import SettingsDep, StoresDep
 from app.api.problems import problem_response
-from app.db import Stores
 from app.errors import PROBLEM_BASE
-from app.settings import Settings
 from app.status import DURATION_BUCKETS_S, FORGE_ERRORS, MULTIPROC_DIR, Snapshot, take_snapshot
 
 
@@ -113,8 +110,8 @@ metrics_router = APIRouter(tags=["health"])
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 503: {"description": "DB down"}},
 )
 def metrics(
-    stores: Annotated[Stores, Depends(get_stores)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    stores: StoresDep,
+    settings: SettingsDep,
 ) -> Response:
     """Prometheus exposition of the ops figures; public, like /healthz, for the scraper."""
     try:

@@ -1,32 +1,20 @@
-"""`autopilot cycle run|list|show|cancel` and `autopilot project add`."""
+"""`autopilot cycle run|list|show|cancel`: research cycles from the command line."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app import broker
-from app.cli.common import (
-    describe_fields,
-    echo_json,
-    exit_on_domain_error,
-    fail,
-    load_settings,
-    open_stores,
-)
+from app.cli.common import echo_json, exit_on_domain_error, load_settings, open_stores
 from app.cycles import service
 from app.cycles.models import Cycle
 from app.cycles.schemas import CycleOut, StepOut
 from app.errors import AutopilotError
 from app.jobs import service as jobs
-from app.projects import config as project_config
-from app.projects import service as ops
-from app.projects.schemas import ProjectCreate
 
 cycle_app = typer.Typer(help="Research cycles: run, list, show, cancel.", no_args_is_help=True)
 
@@ -158,32 +146,3 @@ def _print(row: dict[str, Any], as_json: bool) -> None:
         typer.echo(
             f"  {step['name']:12} #{step['attempt']} {step['status']:8} {step['detail'] or ''}"
         )
-
-
-def project_add(
-    source: Annotated[str, typer.Argument(help="Path or URL of a repository with autopilot.toml")],
-    branch: Annotated[str, typer.Option(help="Its default branch")] = "main",
-) -> None:
-    """Register a research repository; name, GPU kind and budgets come from autopilot.toml."""
-
-    url = str(Path(source).absolute()) if Path(source).exists() else source
-    try:
-        cfg = project_config.load_from_repo(url, branch)
-        data = ProjectCreate(
-            name=cfg.project.name,
-            repo_url=url,
-            default_branch=branch,
-            gpu_kind=cfg.project.gpu_kind,
-        )
-    except ValidationError as exc:
-        fail("; ".join(describe_fields(exc)))
-    except AutopilotError as exc:
-        exit_on_domain_error(exc)
-    try:
-        with open_stores().ops_session() as session:
-            project = ops.create_project(session, data)
-            project.budget_gpu_hours_per_day = cfg.budgets.gpu_hours_per_day
-            project.budget_concurrent_gpus = cfg.budgets.concurrent_gpus
-    except AutopilotError as exc:
-        exit_on_domain_error(exc)
-    typer.echo(f"registered {data.name} ({data.gpu_kind}) from {url}")

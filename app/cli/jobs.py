@@ -17,7 +17,6 @@ from typing import Annotated, Any
 
 import typer
 
-from app import broker
 from app.cli.common import echo_json, exit_on_domain_error, fail, load_settings, open_stores
 from app.db import Stores
 from app.errors import AutopilotError
@@ -25,9 +24,7 @@ from app.jobs import paths
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED, JOB_STATES
 from app.jobs.schemas import JobOut, Scalar
-from app.projects import config as project_config
 from app.projects import service as ops
-from app.projects.models import Project
 from app.settings import Settings
 
 job_app = typer.Typer(
@@ -86,21 +83,19 @@ def job_submit(
     settings = load_settings()
     stores = open_stores(settings)
     try:
-        with stores.ops_session() as session:
-            row = ops.get_project(session, project)
-            config = project_config.load_from_repo(row.repo_url, row.default_branch)
-            job = jobs.submit(session, settings, row, config, experiment, parameters, queue=queue)
-            shown = job_row(job, project)
-    except AutopilotError as exc:
-        exit_on_domain_error(exc)
-    try:
-        broker.ring_prepare(settings, shown["id"])  # after the commit: nothing rings for a rollback
-    except Exception as exc:  # the job is stored; the reaper rings again for a lost doorbell
+        shown = job_row(
+            jobs.submit_and_ring(stores, settings, project, experiment, parameters, queue=queue),
+            project,
+        )
+    except jobs.DoorbellNotSent as exc:  # the job is stored; the reaper rings again
+        shown = job_row(exc.job, project)
         typer.echo(
             f"warning: job {shown['id']} is stored but its doorbell was not sent "
-            f"({type(exc).__name__}); the reaper will ring it",
+            f"({type(exc.cause).__name__}); the reaper will ring it",
             err=True,
         )
+    except AutopilotError as exc:
+        exit_on_domain_error(exc)
     if as_json and not follow:
         echo_json(shown)
         return
@@ -132,7 +127,7 @@ def job_list(
             jobs.parse_queue(settings, queue)
         with open_stores(settings).ops_session() as session:
             project_id = ops.get_project(session, project).id if project else None
-            names = {p.id: p.name for p in ops.list_projects(session)}
+            names = ops.project_names(session)
             rows = [
                 job_row(j, names.get(j.project_id))
                 for j in jobs.list_jobs(
@@ -169,10 +164,9 @@ def job_show(
     try:
         with open_stores(settings).ops_session() as session:
             job = jobs.get(session, job_id)
-            project = session.get(Project, job.project_id)
             row = job_row(
                 job,
-                project.name if project else None,
+                ops.project_names(session).get(job.project_id),
                 exit_code=job.exit_code,
                 time_limit_s=job.time_limit_s,
                 log_path=str(paths.log_path(settings, job_id, job.log_path)),

@@ -7,20 +7,14 @@ from typing import Annotated
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.cli.common import echo_json, load_settings
-from app.db import Stores
+from app.cli.common import echo_json, load_settings, open_stores
+from app.clock import age_text
 from app.settings import Settings
 from app.status import Snapshot, take_snapshot
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
+    return age_text(seconds, "compact")
 
 
 def render_status(snapshot: Snapshot, settings: Settings) -> str:
@@ -64,7 +58,7 @@ def status_command(
 ) -> None:
     """Queues, workers, jobs and cycles at a glance (the figures /metrics exports)."""
     settings = load_settings()
-    stores = Stores.from_settings(settings)
+    stores = open_stores(settings)
     try:
         with stores.ops_session() as session:
             snapshot = take_snapshot(session, settings)

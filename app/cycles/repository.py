@@ -145,3 +145,16 @@ def add_step(session: Session, step: CycleStep, *, detached: bool = False) -> Cy
     if detached:
         session.expunge(step)
     return step
+
+
+# -- read by the dashboard ----
+
+
+def change_marks(session: Session) -> list[tuple[object, ...]]:
+    """The cycles' and steps' counts and latest times: they move whenever either does."""
+    return [
+        tuple(session.execute(select(func.count(Cycle.id), func.max(Cycle.updated_at))).one()),
+        tuple(
+            session.execute(select(func.count(CycleStep.id), func.max(CycleStep.finished_at))).one()
+        ),
+    ]

@@ -130,3 +130,11 @@ def stale(session: Session, settings: Settings, now: datetime) -> list[int]:
         if jobs.doorbell_due(waited, settings):
             due.add(cycle_id)
     return sorted(due)
+
+
+# -- read by the dashboard ----
+
+
+def change_marks(session: Session) -> list[tuple[object, ...]]:
+    """What moves when any cycle or step changes (the dashboard's live pages compare it)."""
+    return repository.change_marks(session)

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Request, Response
 
+from app.api.deps import get_settings
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.models import ApiToken
@@ -49,8 +50,7 @@ def session_secret(request: Request) -> bytes:
     cached: bytes | None = getattr(request.app.state, "dashboard_secret", None)
     if cached is not None:
         return cached
-    settings: Settings = request.app.state.settings
-    secret = load_secret(settings)
+    secret = load_secret(get_settings(request))
     request.app.state.dashboard_secret = secret
     return secret
 
@@ -150,7 +150,7 @@ def current_viewer(stores: Stores, request: Request) -> Viewer | None:
     if not isinstance(token_id, int) or not isinstance(tag, str) or not isinstance(csrf, str):
         return None
     with stores.ops_session() as session:
-        token = session.get(ApiToken, token_id)
+        token = ops.get_token(session, token_id)
         if (
             token is None
             or token.revoked_at is not None

@@ -17,36 +17,20 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
-from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from app.cycles.models import Cycle, CycleStep
+from app.cycles import service as cycles
 from app.db import Stores
-from app.jobs.models import Job, Lease, Worker
+from app.jobs import service as jobs
 
-_JOBS = (
-    func.count(Job.id),
-    func.max(Job.submitted_at),
-    func.max(Job.prepared_at),
-    func.max(Job.leased_at),
-    func.max(Job.first_line_at),
-    func.max(Job.finished_at),
-    func.max(Job.wait_reason),
-)
-#: What each topic's pages show, as the rows whose change makes them stale.
-TOPICS: dict[str, tuple[tuple[Any, ...], ...]] = {
+#: What each topic's pages show, as the marks (counts, latest times) of the rows whose change
+#: makes them stale.
+TOPICS: dict[str, Callable[[Session], list[tuple[object, ...]]]] = {
     # cycles list, a cycle's page, the review queue
-    "cycles": (
-        (func.count(Cycle.id), func.max(Cycle.updated_at)),
-        (func.count(CycleStep.id), func.max(CycleStep.finished_at)),
-        _JOBS,
-    ),
+    "cycles": lambda session: [*cycles.change_marks(session), jobs.change_marks(session)],
     # the GPU queue: jobs, who holds them, the workers (not heartbeats: every running job
     # would then make every open queue page fetch itself once a second)
-    "queue": (
-        _JOBS,
-        (func.count(Lease.id), func.max(Lease.job_id)),
-        (func.count(Worker.id), func.max(Worker.current_job_id)),
-    ),
+    "queue": lambda session: [jobs.change_marks(session), *jobs.holder_marks(session)],
 }
 
 POLL_S = 1.0
@@ -59,7 +43,7 @@ RETRY_MS = 3000
 def version(stores: Stores, topic: str) -> str:
     """The version of what `topic`'s pages show (16 hex digits)."""
     with stores.ops_session() as session:
-        parts = [tuple(session.execute(select(*columns)).one()) for columns in TOPICS[topic]]
+        parts = TOPICS[topic](session)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 

@@ -18,7 +18,6 @@ from app.db import Stores
 from app.errors import AutopilotError
 from app.forge.base import ProjectRef, PullRequest
 from app.forge.local import LocalForge
-from app.jobs import repository as job_repository
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.memory import service as memory
@@ -31,21 +30,6 @@ from app.settings import Settings
 VERDICTS = ("faster", "slower", "inconclusive", "rejected_accuracy")
 REVIEW_STATES = ("awaiting_review", "approved", "rejected")
 RECENT_DECISIONS = 25
-
-
-def age(value: datetime | None, now: datetime | None = None) -> str:
-    """A short age: `42 s`, `5 min`, `3 h`, `2 d`."""
-    moment = aware(value)
-    if moment is None:
-        return "–"
-    seconds = max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 36 * 3600:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
@@ -72,10 +56,6 @@ def accuracy_text(headline: dict[str, Any] | None) -> str:
     return "–" if value is None else ("pass" if value else "fail")
 
 
-def project_names(session: Session) -> dict[int, str]:
-    return {p.id: p.name for p in ops.list_projects(session)}
-
-
 def unverified(finding: Finding | FindingOut) -> bool:
     """Not (yet) confirmed: awaiting a reviewer, or without a verified primary source."""
     return finding.status == "proposed" or finding.source_status == "unverified"
@@ -97,7 +77,7 @@ def review_queue(
 ) -> tuple[list[QueueRow], list[QueueRow], list[str]]:
     """(awaiting review, oldest first; recent decisions, newest first; all project names)."""
     with stores.ops_session() as session:
-        names = project_names(session)
+        names = ops.project_names(session)
         wanted = [state] if state in REVIEW_STATES else list(REVIEW_STATES)
         rows: list[Cycle] = []
         for name in wanted:
@@ -152,7 +132,7 @@ def cycle_list(
     stores: Stores, *, project: str | None = None, state: str | None = None
 ) -> tuple[list[CycleRow], list[str]]:
     with stores.ops_session() as session:
-        names = project_names(session)
+        names = ops.project_names(session)
         rows = [
             CycleRow(c, names.get(c.project_id, "?"), list(cycles.steps(session, c.id)))
             for c in cycles.list_cycles(session, project=project or None, state=state or None)
@@ -183,15 +163,22 @@ class CyclePage:
         return self.cycle.changed_hypothesis or str(proposal.get("what_changed") or "")
 
 
+def cycle_and_project(stores: Stores, cycle_id: int) -> tuple[Cycle, ProjectRef]:
+    """A cycle (detached) and its project's reference; NotFound when there is no such cycle."""
+    with stores.ops_session() as session:
+        cycle = cycles.get(session, cycle_id)
+        ref = ProjectRef.of(ops.get_project_by_id(session, cycle.project_id))
+        session.expunge(cycle)
+    return cycle, ref
+
+
 def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str) -> CyclePage:
     """Everything the PR detail shows. Outside calls (git, forge) run after the session closes."""
     with stores.ops_session() as session:
         cycle = cycles.get(session, cycle_id)
-        project = session.get(Project, cycle.project_id)
-        assert project is not None
         page = CyclePage(
             cycle=cycle,
-            project=project,
+            project=ops.get_project_by_id(session, cycle.project_id),
             steps=list(cycles.steps(session, cycle_id)),
             job=jobs.for_cycle(session, cycle.id),
         )
@@ -242,25 +229,17 @@ class BudgetRow:
 def budgets(session: Session, settings: Settings) -> list[BudgetRow]:
     """GPU-hours in the last 24 h and GPUs in use now, against both limits (lesson 7)."""
     day_ago = datetime.now(UTC) - timedelta(days=1)
-    rows = [
-        BudgetRow(
-            "global",
-            job_repository.gpu_seconds_since(session, day_ago) / 3600,
-            settings.budget_gpu_hours_per_day,
-            job_repository.active_count(session, None),
-            settings.budget_concurrent_gpus,
-        )
+    scopes: list[tuple[str, int | None, float | None, int | None]] = [
+        ("global", None, settings.budget_gpu_hours_per_day, settings.budget_concurrent_gpus)
     ]
-    for project in ops.list_projects(session):
-        rows.append(
-            BudgetRow(
-                f"project {project.name}",
-                job_repository.gpu_seconds_since(session, day_ago, project.id) / 3600,
-                project.budget_gpu_hours_per_day,
-                job_repository.active_count(session, project.id),
-                project.budget_concurrent_gpus,
-            )
-        )
+    scopes += [
+        (f"project {p.name}", p.id, p.budget_gpu_hours_per_day, p.budget_concurrent_gpus)
+        for p in ops.list_projects(session)
+    ]
+    rows = []
+    for scope, project_id, hours_limit, concurrent_limit in scopes:
+        used_h, active = jobs.gpu_use(session, project_id, day_ago)
+        rows.append(BudgetRow(scope, used_h, hours_limit, active, concurrent_limit))
     return rows
 
 
@@ -288,7 +267,7 @@ def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
             jobs_by_queue=waiting,
             workers=list(jobs.list_workers(session)),
             budgets=budgets(session, settings),
-            projects=project_names(session),
+            projects=ops.project_names(session),
         )
         session.expunge_all()
     return page

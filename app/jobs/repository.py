@@ -259,3 +259,30 @@ def ended_before_for_cycles(
         )
     ).all()
     return [(int(c), f) for c, f in rows if c is not None and f is not None]
+
+
+# -- read by the dashboard ----
+
+
+def change_marks(session: Session) -> tuple[object, ...]:
+    """The jobs' count and latest phase times: they move whenever a job is added or moves on."""
+    marks = select(
+        func.count(Job.id),
+        func.max(Job.submitted_at),
+        func.max(Job.prepared_at),
+        func.max(Job.leased_at),
+        func.max(Job.first_line_at),
+        func.max(Job.finished_at),
+        func.max(Job.wait_reason),
+    )
+    return tuple(session.execute(marks).one())
+
+
+def holder_marks(session: Session) -> list[tuple[object, ...]]:
+    """Who holds the jobs: the leases' and the workers' count and latest job (not heartbeats)."""
+    return [
+        tuple(session.execute(select(func.count(Lease.id), func.max(Lease.job_id))).one()),
+        tuple(
+            session.execute(select(func.count(Worker.id), func.max(Worker.current_job_id))).one()
+        ),
+    ]

@@ -7,27 +7,24 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Query, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from app import broker
 from app.api.deps import (
     MAX_OFFSET,
     AnyToken,
     OpsSession,
     RowId,
+    SettingsDep,
+    StoresDep,
     TriggerToken,
-    get_settings,
-    get_stores,
 )
 from app.db import Stores
 from app.jobs import paths
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.jobs.schemas import JobCreate, JobOut, QueueOut, WorkerOut
-from app.projects import config as project_config
 from app.projects import service as ops
-from app.settings import Settings
 
 router = APIRouter(tags=["gpu queue"])
 LOG_TAIL_BYTES = 64 * 1024
@@ -36,33 +33,18 @@ JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancel
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)
 def submit_job(
-    body: JobCreate,
-    token: TriggerToken,
-    stores: Annotated[Stores, Depends(get_stores)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    body: JobCreate, _: TriggerToken, stores: StoresDep, settings: SettingsDep
 ) -> JobOut:
-    with stores.ops_session() as session:
-        project = ops.get_project(session, body.project)
-        config = project_config.load_from_repo(project.repo_url, project.default_branch)
-        job = jobs.submit(
-            session,
-            settings,
-            project,
-            config,
-            body.experiment,
-            dict(body.parameters),
-            queue=body.queue,
-        )
-        out = JobOut.model_validate(job)
-    broker.ring_prepare(settings, out.id)  # after the commit: a rolled-back submit rings nothing
-    return out
+    return jobs.submit_and_ring(
+        stores, settings, body.project, body.experiment, dict(body.parameters), queue=body.queue
+    )
 
 
 @router.get("/jobs", response_model=list[JobOut])
 def list_jobs(
     session: OpsSession,
     _: AnyToken,
-    settings: Annotated[Settings, Depends(get_settings)],
+    settings: SettingsDep,
     queue: Annotated[str | None, Query(description="gpu.<kind>")] = None,
     state: JobState | None = None,
     project: str | None = None,
@@ -92,14 +74,14 @@ def cancel_job(job_id: RowId, session: OpsSession, token: TriggerToken) -> JobOu
 def job_log(
     job_id: RowId,
     _: AnyToken,
-    request: Request,
-    stores: Annotated[Stores, Depends(get_stores)],
+    stores: StoresDep,
+    settings: SettingsDep,
     follow: bool = False,
 ) -> PlainTextResponse | StreamingResponse:
     """The log's tail; with `?follow=1`, a server-sent-events stream until the job ends."""
     with stores.ops_session() as session:
         job = jobs.get(session, job_id)
-        path = paths.log_path(request.app.state.settings, job_id, job.log_path)
+        path = paths.log_path(settings, job_id, job.log_path)
     if not follow:
         return PlainTextResponse(_tail(path))
     return StreamingResponse(_follow(stores, job_id, path), media_type="text/event-stream")
@@ -144,7 +126,5 @@ def list_workers(session: OpsSession, _: AnyToken) -> list[WorkerOut]:
 
 
 @router.get("/queues", response_model=list[QueueOut])
-def list_queues(
-    session: OpsSession, _: AnyToken, settings: Annotated[Settings, Depends(get_settings)]
-) -> list[QueueOut]:
+def list_queues(session: OpsSession, _: AnyToken, settings: SettingsDep) -> list[QueueOut]:
     return [QueueOut.model_validate(q) for q in jobs.queues(session, settings)]

@@ -15,10 +15,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app import broker
 from app.clock import aware, utcnow
+from app.db import Stores
 from app.errors import Conflict, InvalidInput, NotFound
 from app.jobs import repository as repo
 from app.jobs.models import FINISHED, Job, Lease, Worker
+from app.jobs.schemas import JobOut
+from app.projects import config as project_config
+from app.projects import service as ops
 from app.projects.config import ProjectConfig
 from app.projects.models import Project
 from app.settings import Settings
@@ -498,3 +503,59 @@ def cycles_whose_job_ended(
 ) -> list[tuple[int, datetime]]:
     """Of these cycles, those whose job finished before `older_than`, with when it did."""
     return repo.ended_before_for_cycles(session, cycle_ids, older_than)
+
+
+# -- read by the dashboard ----
+
+
+def change_marks(session: Session) -> tuple[object, ...]:
+    """What moves when any job is added or moves on (the dashboard's live pages compare it)."""
+    return repo.change_marks(session)
+
+
+def holder_marks(session: Session) -> list[tuple[object, ...]]:
+    """What moves when a job is leased or released, or a worker takes another job."""
+    return repo.holder_marks(session)
+
+
+def gpu_use(session: Session, project_id: int | None, since: datetime) -> tuple[float, int]:
+    """(GPU-hours used since `since`, GPUs in use now) of one project, or of all with None."""
+    return (
+        repo.gpu_seconds_since(session, since, project_id) / 3600,
+        repo.active_count(session, project_id),
+    )
+
+
+# -- submission ----
+
+
+class DoorbellNotSent(Exception):
+    """The job is stored, but its prepare doorbell was not sent; the reaper rings it later."""
+
+    def __init__(self, job: JobOut, cause: Exception) -> None:
+        super().__init__(f"job {job.id} is stored but its doorbell was not sent ({cause!r})")
+        self.job = job
+        self.cause = cause
+
+
+def submit_and_ring(
+    stores: Stores,
+    settings: Settings,
+    project: str,
+    experiment: str,
+    parameters: dict[str, Any],
+    *,
+    queue: str | None = None,
+) -> JobOut:
+    """Submit a standalone job of `project` in a transaction of its own and, once that has
+    committed, ring the prepare doorbell: a rolled-back submit rings nothing."""
+    with stores.ops_session() as session:
+        row = ops.get_project(session, project)
+        config = project_config.load_from_repo(row.repo_url, row.default_branch)
+        job = submit(session, settings, row, config, experiment, parameters, queue=queue)
+        out = JobOut.model_validate(job)
+    try:
+        broker.ring_prepare(settings, out.id)
+    except Exception as exc:
+        raise DoorbellNotSent(out, exc) from exc
+    return out

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from app.clock import utcnow
 from app.errors import InvalidInput
 from app.memory import exchange, repository
-from app.memory import search as search_index
+from app.memory import search_repository as search_index
 from app.memory.exceptions import FindingExists, FindingNotFound, IllegalTransition, InvalidImport
 from app.memory.models import Finding, FindingEvent
 from app.memory.schemas import (

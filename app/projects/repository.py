@@ -14,6 +14,10 @@ def get_project(session: Session, name: str) -> Project | None:
     return session.scalars(select(Project).where(Project.name == name)).one_or_none()
 
 
+def get_project_by_id(session: Session, project_id: int) -> Project | None:
+    return session.get(Project, project_id)
+
+
 def list_projects(session: Session) -> Sequence[Project]:
     return session.scalars(select(Project).order_by(Project.name)).all()
 
@@ -26,6 +30,10 @@ def add(session: Session, row: Project | ApiToken) -> None:
 def delete(session: Session, row: Project | ApiToken) -> None:
     session.delete(row)
     session.flush()
+
+
+def get_token(session: Session, token_id: int) -> ApiToken | None:
+    return session.get(ApiToken, token_id)
 
 
 def get_token_by_hash(session: Session, digest: str) -> ApiToken | None:

@@ -39,8 +39,33 @@ def get_project(session: Session, name: str) -> Project:
     return project
 
 
+def get_project_by_id(session: Session, project_id: int) -> Project:
+    project = repository.get_project_by_id(session, project_id)
+    if project is None:
+        raise ProjectNotFound(f"no project with id {project_id}")
+    return project
+
+
 def list_projects(session: Session) -> Sequence[Project]:
     return repository.list_projects(session)
+
+
+def project_names(session: Session) -> dict[int, str]:
+    """Every project's name by its id."""
+    return {p.id: p.name for p in repository.list_projects(session)}
+
+
+def set_budgets(
+    session: Session,
+    project: Project,
+    *,
+    gpu_hours_per_day: float | None,
+    concurrent_gpus: int | None,
+) -> None:
+    """The project's two GPU limits (DESIGN.md, lesson 7); None lifts a limit."""
+    project.budget_gpu_hours_per_day = gpu_hours_per_day
+    project.budget_concurrent_gpus = concurrent_gpus
+    session.flush()
 
 
 def delete_project(session: Session, name: str) -> None:
@@ -74,6 +99,11 @@ def create_token(session: Session, name: str, scopes: Iterable[str]) -> tuple[Ap
 
 def list_tokens(session: Session) -> Sequence[ApiToken]:
     return repository.list_tokens(session)
+
+
+def get_token(session: Session, token_id: int) -> ApiToken | None:
+    """The token row with this id, revoked or not (a dashboard session names its token's id)."""
+    return repository.get_token(session, token_id)
 
 
 def revoke_token(session: Session, name: str) -> ApiToken:
