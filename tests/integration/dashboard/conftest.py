@@ -168,7 +168,6 @@ class CycleFactory:
                 )
                 session.add(job)
                 session.flush()
-                cycle.job_id = job.id
         branch = f"autopilot/{ref.name}/{cycle_id}-probe"
         git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
         subprocess.run([*git, "checkout", "-q", "-b", branch, "main"], check=True)
