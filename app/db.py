@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, create_engine, event, text
+from sqlalchemy import Engine, MetaData, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -107,7 +107,10 @@ class Stores:
         for name, engine in (("memory", self.memory_engine), ("ops", self.ops_engine)):
             try:
                 with engine.connect() as connection:
-                    connection.execute(text("SELECT 1"))
+                    # the dialect's own liveness probe, as the pool's pre-ping uses it
+                    dbapi = connection.connection.dbapi_connection
+                    if dbapi is None or not engine.dialect.do_ping(dbapi):
+                        raise ConnectionError("no answer to the ping")
                 status[name] = None
             except Exception as exc:  # any driver error means "not ready"
                 status[name] = type(exc).__name__
