@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from workers.launcher.guard import run_guard
-from workers.launcher.runner import Job, Limits, Spare, run_job
+from workers.launcher.launch import LaunchSpec
+from workers.launcher.runner import Limits, run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
+from workers.launcher.spare import Spare
 from workers.launcher.venv import ensure_venv
 
 GOAL = 1.25
@@ -93,7 +95,7 @@ def main() -> None:
             if not parked:
                 rt = allocate_runtime(state_dir=work / "state", env=base_env)
             try:
-                job = Job(
+                job = LaunchSpec(
                     venv=venv.path,
                     entry="bench_user",
                     cwd=worktree,

@@ -1,7 +1,7 @@
 """Time to the first line of a torch experiment: cold start, parked interpreter, parked + preload.
 
 A GPU worker hands each job after its first to an interpreter it parked while the previous job
-ran (`workers.launcher.runner.Spare`); with the project's `preload = ["torch", "numpy"]` the
+ran (`workers.launcher.spare.Spare`); with the project's `preload = ["torch", "numpy"]` the
 parked interpreter has imported them too. The job module imports torch and numpy at its top,
 then reports its first line (the `started` event, the job's own clock). Measured from the
 hand-over (or spawn) to that line, interleaved rounds, medians. The cold start is the
@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from workers.launcher.runner import Job, Spare, run_job  # noqa: E402
+from workers.launcher.launch import LaunchSpec  # noqa: E402
+from workers.launcher.runner import run_job  # noqa: E402
 from workers.launcher.runtime import allocate_runtime, release_runtime  # noqa: E402
+from workers.launcher.spare import Spare  # noqa: E402
 from workers.launcher.venv import ensure_venv  # noqa: E402
 
 USER_MODULE = """\
@@ -60,7 +62,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for side, times in sides.items():
                 rt = allocate_runtime(state_dir=work / "state", env=base_env)
-                job = Job(
+                job = LaunchSpec(
                     venv=venv.path,
                     entry="bench_torch",
                     cwd=worktree,

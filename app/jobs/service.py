@@ -19,6 +19,7 @@ from app.clock import aware, utcnow
 from app.errors import Conflict, InvalidInput, NotFound
 from app.jobs import repository as repo
 from app.jobs.models import FINISHED, Job, Lease, Worker
+from app.projects import service as projects
 from app.projects.config import ProjectConfig
 from app.projects.models import Project
 from app.settings import Settings
@@ -68,7 +69,6 @@ def submit(
     queue: str | None = None,
     cycle_id: int | None = None,
     seed: int = 0,
-    extra_spec: dict[str, Any] | None = None,
 ) -> Job:
     """Validate against the project's declared experiments and space, then record the job."""
     declared = config.experiment(experiment)
@@ -85,7 +85,6 @@ def submit(
         "device": "cpu" if queue == "gpu.cpu" else "cuda",
         "seed": seed,
         "tolerance": declared.tolerance.model_dump(),
-        **(extra_spec or {}),
     }
     now = utcnow()
     job = Job(
@@ -101,7 +100,7 @@ def submit(
         order_key=now,
         submitted_at=now,
     )
-    session.add(job)
+    repo.add(session, job)
     session.flush()
     return job
 
@@ -113,10 +112,18 @@ def get(session: Session, job_id: int) -> Job:
     return job
 
 
-def mark_prepared(session: Session, job_id: int, *, workdir: str, venv_path: str) -> bool:
-    """Record a finished preparation; False when the job no longer needs it."""
+def awaiting_preparation(session: Session, job_id: int) -> Job | None:
+    """The job if it still needs preparing (queued, not prepared yet), else None."""
     job = repo.get(session, job_id)
     if job is None or job.state != "queued" or job.prepared_at is not None:
+        return None
+    return job
+
+
+def mark_prepared(session: Session, job_id: int, *, workdir: str, venv_path: str) -> bool:
+    """Record a finished preparation; False when the job no longer needs it."""
+    job = awaiting_preparation(session, job_id)
+    if job is None:
         return False
     job.workdir, job.venv_path, job.prepared_at = workdir, venv_path, utcnow()
     session.flush()
@@ -224,7 +231,7 @@ def lease_next(
             tried.add(job.id)
             if job.project_id in blocked:
                 continue
-            project = session.get(Project, job.project_id)
+            project = projects.get_project_by_id(session, job.project_id)
             assert project is not None
             label, project_id, budget = _budget_scopes(settings, project)[0]
             reason = _check_scope(session, label, project_id, budget)
@@ -232,7 +239,7 @@ def lease_next(
                 blocked[job.project_id] = reason
                 continue
             if repo.claim(session, job.id, worker, now):
-                session.refresh(job)
+                repo.refresh(session, job)
                 leased = job
                 break
     for project_id, reason in blocked.items():
@@ -241,7 +248,8 @@ def lease_next(
     if leased is None:
         session.flush()
         return None
-    session.add(
+    repo.add(
+        session,
         Lease(
             job_id=leased.id,
             worker=worker,
@@ -249,7 +257,7 @@ def lease_next(
             device=device,
             heartbeat_at=now,
             expires_at=now + timedelta(seconds=settings.lease_ttl_s),
-        )
+        ),
     )
     session.flush()
     return leased
@@ -320,7 +328,7 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
         outcome.log_path,
     )
     job.gpu_seconds, job.finished_at = outcome.gpu_seconds, outcome.finished_at
-    session.delete(lease)
+    repo.delete(session, lease)
     row = repo.get_worker(session, worker)
     if row is not None:
         row.current_job_id, row.last_job_finished_at = None, outcome.finished_at
@@ -379,7 +387,7 @@ def reap(session: Session, settings: Settings) -> Reaped:
     reaped = Reaped()
     for lease in repo.expired_leases(session, now):
         job = get(session, lease.job_id)
-        session.delete(lease)
+        repo.delete(session, lease)
         if job.cancel_requested_at is not None:
             job.state, job.finished_at = "cancelled", now
         elif job.attempts >= job.max_attempts:
@@ -415,7 +423,7 @@ def register_worker(
     now = utcnow()
     if row is None:
         row = Worker(name=name, kind=kind, devices=devices, host=host or socket.gethostname())
-        session.add(row)
+        repo.add(session, row)
     row.kind, row.devices, row.last_seen, row.started_at = kind, devices, now, now
     session.flush()
     return row
@@ -426,6 +434,12 @@ def set_current_job(session: Session, worker: str, job_id: int | None) -> None:
     if row is not None:
         row.current_job_id, row.last_seen = job_id, utcnow()
         session.flush()
+
+
+def cycle_of(session: Session, job_id: int) -> int | None:
+    """The cycle the job belongs to; None for a standalone (or unknown) job."""
+    job = repo.get(session, job_id)
+    return job.cycle_id if job else None
 
 
 def list_jobs(session: Session, **filters: Any) -> Sequence[Job]:

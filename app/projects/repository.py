@@ -38,3 +38,8 @@ def get_token_by_name(session: Session, name: str) -> ApiToken | None:
 
 def list_tokens(session: Session) -> Sequence[ApiToken]:
     return session.scalars(select(ApiToken).order_by(ApiToken.name)).all()
+
+
+# -- workers ----
+def get_project_by_id(session: Session, project_id: int) -> Project | None:
+    return session.get(Project, project_id)

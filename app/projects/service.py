@@ -105,3 +105,9 @@ def require_scope(token: ApiToken, scope: str) -> None:
     """`admin` holds every scope; otherwise the token must carry the scope itself."""
     if scope not in token.scopes and "admin" not in token.scopes:
         raise Forbidden(f"this action needs scope {scope!r}; the token has {token.scopes}")
+
+
+# -- workers ----
+def get_project_by_id(session: Session, project_id: int) -> Project | None:
+    """The project a job or a cycle belongs to (by its id), or None once it was deleted."""
+    return repository.get_project_by_id(session, project_id)
