@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -29,13 +29,15 @@ from app.db import Stores
 from app.errors import InvalidInput
 from app.jobs import paths
 from app.jobs import service as jobs
-from app.jobs.models import Job
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
 from workers import prepare
 from workers.launcher import runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import SpareSlot
+
+if TYPE_CHECKING:
+    from app.jobs.models import Job
 
 log = logging.getLogger(__name__)
 CLEANUP_BATCH = 8
