@@ -17,8 +17,8 @@ from prometheus_client import Counter
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
-from app.cycles import repository as cycle_repository
-from app.jobs import repository as job_repository
+from app.cycles import service as cycles
+from app.jobs import figures
 from app.jobs import service as jobs
 from app.settings import Settings
 
@@ -107,7 +107,7 @@ def _iso(value: object) -> str:
 def take_snapshot(session: Session, settings: Settings) -> Snapshot:
     now = utcnow()
     queues = []
-    for entry in jobs.queues(session, settings):
+    for entry in figures.queues(session, settings):
         oldest = entry["oldest_queued_at"]
         queues.append(
             QueueFigures(
@@ -137,15 +137,15 @@ def take_snapshot(session: Session, settings: Settings) -> Snapshot:
         taken_at=now,
         queues=queues,
         workers=workers,
-        jobs=job_repository.counts_by_queue_and_state(session),
-        cycles=cycle_repository.counts_by_state(session),
+        jobs=figures.counts_by_queue_and_state(session),
+        cycles=cycles.counts_by_state(session),
         durations=[
             DurationFigures(queue=queue, count=count, sum_s=sum_s, le_counts=le_counts)
-            for queue, count, sum_s, le_counts in job_repository.duration_histogram(
+            for queue, count, sum_s, le_counts in figures.duration_histogram(
                 session, DURATION_BUCKETS_S
             )
         ],
-        lease_expiries=job_repository.lease_expiries(session),
+        lease_expiries=figures.lease_expiries(session),
         forge_errors=forge_error_counts(),
     )
 

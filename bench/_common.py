@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from workers.launcher.runner import Job  # noqa: E402 - the line above makes it importable
+from workers.launcher.launch import LaunchSpec  # noqa: E402 - the line above makes it importable
 from workers.launcher.runtime import RuntimeDir  # noqa: E402
 
 # -- command line -------------------------------------------------------------------------------
@@ -187,9 +187,9 @@ def module_job(
     runtime: RuntimeDir,
     base_env: dict[str, str],
     requirements_hash: str | None = None,
-) -> Job:
+) -> LaunchSpec:
     """A job that runs the module `entry` of `worktree` in `venv`, on no GPU, no spec."""
-    return Job(
+    return LaunchSpec(
         venv=venv,
         entry=entry,
         cwd=worktree,

@@ -50,6 +50,7 @@ from sqlalchemy.engine import make_url
 
 from app import broker, migrate
 from app.db import Stores
+from app.jobs import figures
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.projects import config as project_config
@@ -279,7 +280,7 @@ def _measure(
         rows = list(session.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.first_line_at)))
         for row in rows:
             session.expunge(row)
-        duty = jobs.duty_cycle(rows)
+        duty = figures.duty_cycle(rows)
     bad = [r for r in rows if r.state != "succeeded"]
     if bad:
         raise SystemExit(f"handoff bench: job {bad[0].id} {bad[0].state}: {bad[0].error}")

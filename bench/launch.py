@@ -25,8 +25,9 @@ from typing import Any
 from _common import bench_parser, emit, machine, module_job, today
 
 from workers.launcher.guard import run_guard
-from workers.launcher.runner import Limits, Spare, run_job
+from workers.launcher.runner import Limits, run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
+from workers.launcher.spare import Spare
 from workers.launcher.venv import ensure_venv
 
 GOAL = 1.25

@@ -1,7 +1,7 @@
 """Time to the first line of a torch experiment: cold start, parked interpreter, parked + preload.
 
 A GPU worker hands each job after its first to an interpreter it parked while the previous job
-ran (`workers.launcher.runner.Spare`); with the project's `preload = ["torch", "numpy"]` the
+ran (`workers.launcher.spare.Spare`); with the project's `preload = ["torch", "numpy"]` the
 parked interpreter has imported them too. The job module imports torch and numpy at its top,
 then reports its first line (the `started` event, the job's own clock). Measured from the
 hand-over (or spawn) to that line, interleaved rounds, medians. The cold start is the
@@ -22,8 +22,9 @@ from typing import Any
 
 from _common import bench_parser, emit, machine, module_job, today
 
-from workers.launcher.runner import Spare, run_job
+from workers.launcher.runner import run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
+from workers.launcher.spare import Spare
 from workers.launcher.venv import ensure_venv
 
 USER_MODULE = """\

@@ -26,8 +26,8 @@ import typer
 from app import migrate
 from app.cycles import service as cycles
 from app.db import Stores
-from app.projects import repository
 from app.projects import service as ops
+from app.projects.exceptions import ProjectNotFound
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 
@@ -155,7 +155,9 @@ def demo_command(
     repo = make_repo(settings.state_dir)
     stores = Stores.from_settings(settings)
     with stores.ops_session() as session:
-        if repository.get_project(session, PROJECT) is None:
+        try:
+            ops.get_project(session, PROJECT)
+        except ProjectNotFound:
             ops.create_project(session, ProjectCreate(name=PROJECT, repo_url=str(repo)))
         _, token = ops.create_token(session, f"demo-{secrets.token_hex(3)}", ["admin"])
     stores.dispose()

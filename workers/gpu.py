@@ -1,18 +1,17 @@
-"""The GPU runtime: prepare a job off the demand path, then lease, run and finish jobs.
+"""The GPU loop: lease the oldest prepared job of the worker's queue, run it through the
+launcher, record exactly one outcome, and go straight on to the next prepared job without
+waiting for another doorbell; cleanup is batched after release.
 
-Preparation (source checkout, venv, preflight guard) happens in the `prepare` queue before a
-job may take a GPU (DESIGN.md, lesson 3). A GPU worker leases the oldest prepared job of its
-queue, runs it through the launcher, records exactly one outcome, and goes straight on to the
-next prepared job without waiting for another doorbell; cleanup is batched after release.
+Preparation happens before (`prepare.py`, DESIGN.md lesson 3); the parked interpreter for the
+next job is `launcher/spare.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -21,30 +20,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import git
 from sqlalchemy.orm import Session
 
 from app import broker
-from app.clock import utcnow
-from app.cycles import service as cycles
 from app.db import Stores
+from app.errors import InvalidInput
 from app.jobs import paths
 from app.jobs import service as jobs
-from app.jobs.models import Job
 from app.projects import config as project_config
-from app.projects.models import Project
 from app.settings import Settings, redact_text
-from workers.launcher import guard, runner, runtime, venv
+from workers import prepare
+from workers.launcher import runner, runtime
+from workers.launcher.launch import LaunchError, LaunchSpec
+from workers.launcher.spare import SpareSlot
+
+if TYPE_CHECKING:
+    from app.jobs.models import Job
 
 log = logging.getLogger(__name__)
-HARNESS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "harness"
 CLEANUP_BATCH = 8
-#: A parked interpreter older than this is not used (nor kept): the next job starts cold.
-SPARE_MAX_IDLE_S = 1800.0
-# Fields prepare_job adds to a job's spec for the runner; the experiment never sees them.
-RUNNER_SPEC_KEYS = frozenset({"entry", "socket_suffix_len", "requirements_hash", "preload"})
 
 
 def _last_line(text: str) -> str:
@@ -69,191 +65,6 @@ class WorkerIdentity:
         return cls(name=f"gpu-{kind}-{device or 'x'}@{host}", kind=kind, device=device, host=host)
 
 
-def venvs_root(settings: Settings) -> Path:
-    return (settings.venv_root or settings.state_dir).absolute()
-
-
-# -- prepare ---------------------------------------------------------------------------------
-
-
-def prepare_job(stores: Stores, settings: Settings, job_id: int) -> bool:
-    """Make the job ready for a GPU; True when it was prepared now (then its doorbell rings)."""
-    folder = paths.job_dir(settings, job_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    # Duplicate doorbells may arrive at once: one preparer per job, the others find it done.
-    with open(folder / "prepare.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _prepare_locked(stores, settings, job_id)
-
-
-def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
-    with stores.ops_session() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.state != "queued" or job.prepared_at is not None:
-            return False
-        project = session.get(Project, job.project_id)
-        assert project is not None
-        name, repo_url, branch = project.name, project.repo_url, project.default_branch
-        workdir = job.workdir
-        entry, queue = str(job.spec.get("entry", "")), job.queue
-    try:
-        source = (
-            Path(workdir)
-            if workdir
-            else checkout(repo_url, branch, paths.job_dir(settings, job_id))
-        )
-        cfg = project_config.load(source)
-        experiment = cfg.experiment(str(job.experiment))
-        entry = entry or experiment.entry
-        requirements = [*cfg.project.python_requirements, str(HARNESS_DIR)]
-        env = venv_for_job(settings, name, requirements)
-        report = guard.run_guard(
-            env.path,
-            env=guard_env(settings, env, source),
-            cwd=source,
-            entry=entry,
-            modules=[*experiment.imports, *cfg.project.preload],
-            worktree=source,
-            requirements_hash=env.requirements_hash,
-            cache_dir=settings.state_dir.absolute() / "guard-cache",
-        )
-        if not report.ok:
-            raise PreparationError(report.render())
-    except (PreparationError, venv.VenvError, project_config.ConfigError, git.GitError) as exc:
-        message = redact_text(getattr(exc, "detail", None) or str(exc))
-        with stores.ops_session() as session:
-            jobs.fail_unstarted(session, job_id, f"preparation failed: {message}")
-        ring_cycle(settings, stores, job_id)
-        return False
-    with stores.ops_session() as session:
-        prepared = jobs.mark_prepared(session, job_id, workdir=str(source), venv_path=str(env.path))
-        if prepared:
-            job = session.get(Job, job_id)
-            assert job is not None
-            job.spec = {
-                **job.spec,
-                "entry": entry,
-                "socket_suffix_len": experiment.socket_suffix_len,
-                "requirements_hash": env.requirements_hash,
-                "preload": list(cfg.project.preload),
-            }
-    if prepared:
-        broker.ring_gpu(settings, queue)
-    return prepared
-
-
-class PreparationError(RuntimeError):
-    pass
-
-
-def checkout(repo_url: str, branch: str, dest: Path) -> Path:
-    """A fresh clone of the project's default branch for a standalone job."""
-    target = dest / "src"
-    if (target / ".git").exists():
-        return target
-    shutil.rmtree(target, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    git.Repo.clone_from(repo_url, target, branch=branch, depth=1, no_hardlinks=True)
-    return target
-
-
-def venv_for_job(settings: Settings, project: str, requirements: list[str]) -> venv.Venv:
-    return venv.ensure_venv(
-        venvs_root(settings),
-        project,
-        requirements,
-        system_site_packages=settings.venv_system_site_packages,
-    )
-
-
-def guard_env(settings: Settings, env: venv.Venv, source: Path) -> dict[str, str]:
-    """The environment the job will get, for the preflight guard (volatile paths excluded)."""
-    probe = runtime.allocate_runtime(state_dir=settings.state_dir.absolute(), env=os.environ)
-    try:
-        spec = runner.Job(
-            venv=env.path,
-            entry="x",
-            cwd=source,
-            runtime=probe,
-            spec={},
-            pythonpath=[source],
-            base_env=dict(os.environ),
-            requirements_hash=env.requirements_hash,
-        )
-        return spec.env()
-    finally:
-        runtime.release_runtime(probe)
-
-
-# -- run ---------------------------------------------------------------------------------------
-
-
-class SpareSlot:
-    """At most one parked interpreter (`runner.Spare`) per GPU worker, for its next job.
-
-    It is started while a job runs (once the job's user code has begun, so it costs that job
-    nothing at its own start) for the same venv and environment, and handed the next job if
-    that job fits; the GPU then waits for a pipe write instead of an interpreter start. It
-    lives in the worker process across doorbells; all of it runs on the worker's main thread
-    (PR_SET_PDEATHSIG follows the spawning thread, so a spare dies with its worker).
-    """
-
-    def __init__(self) -> None:
-        self.spare: runner.Spare | None = None
-
-    def take(self, ticket: Ticket) -> runner.Spare | None:
-        """The spare if it can serve `ticket`'s venv and socket budget, else None (closed)."""
-        spare, self.spare = self.spare, None
-        if spare is None:
-            return None
-        if time.monotonic() - spare.started_at > SPARE_MAX_IDLE_S:
-            self._discard(spare)  # parked for long: the venv or its files may have moved on
-            return None
-        if (
-            os.path.abspath(spare.venv) == os.path.abspath(ticket.venv)
-            and spare.runtime.suffix_len >= ticket.suffix_len
-            and spare.preload == ticket.preload
-        ):
-            return spare
-        self._discard(spare)
-        return None
-
-    def prestart(self, settings: Settings, me: WorkerIdentity, ticket: Ticket) -> None:
-        if self.spare is not None or not settings.gpu_spare_interpreter:
-            return
-        rt: runtime.RuntimeDir | None = None
-        try:
-            rt = runtime.allocate_runtime(
-                state_dir=settings.state_dir.absolute(),
-                env=os.environ,
-                suffix_len=ticket.suffix_len,
-            )
-            self.spare = runner.Spare(
-                venv=Path(ticket.venv),
-                runtime=rt,
-                cuda_visible_devices=me.device or None,
-                base_env=dict(os.environ),
-                requirements_hash=ticket.requirements_hash,
-                preload=ticket.preload,
-            )
-        except Exception:  # an optimisation only: the next job starts cold
-            log.warning("could not park an interpreter for the next job", exc_info=True)
-            if rt is not None:
-                with contextlib.suppress(Exception):
-                    runtime.release_runtime(rt)
-
-    def close(self) -> None:
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            self._discard(spare)
-
-    @staticmethod
-    def _discard(spare: runner.Spare) -> None:
-        spare.close()
-        with contextlib.suppress(Exception):
-            runtime.release_runtime(spare.runtime)
-
-
 def release_all(batch: list[runtime.RuntimeDir]) -> None:
     for rt in batch:
         with contextlib.suppress(Exception):
@@ -270,6 +81,8 @@ class RunLoop:
     pending_cleanup: list[runtime.RuntimeDir] = field(default_factory=list)
     #: The worker's parked interpreter; None runs every job cold (in-process callers).
     spares: SpareSlot | None = None
+    #: Launch settings read for the job in line and the job running (by source, experiment).
+    _launches: dict[tuple[str, str], prepare.LaunchSettings] = field(default_factory=dict)
 
     def run_available(self) -> int:
         """Run prepared jobs until none is left; returns how many ran.
@@ -339,14 +152,30 @@ class RunLoop:
             log.warning("job %s: lease lost before finishing; outcome discarded", ticket.job_id)
             return None
 
-    def _next_in_line(self, current: Ticket) -> Ticket:
+    def _launch(self, ticket: Ticket) -> prepare.LaunchSettings:
+        """The runner's settings for `ticket`, from the project config in its source."""
+        key = (ticket.workdir, ticket.experiment)
+        found = self._launches.get(key)
+        if found is None:
+            cfg = project_config.load(Path(ticket.workdir))
+            found = prepare.launch_settings(cfg, ticket.experiment)
+            # Two are kept: the next job's, read while this one ran (for its spare), is then
+            # found here at its lease, off the GPU's idle gap.
+            self._launches = {**dict(list(self._launches.items())[-1:]), key: found}
+        return found
+
+    def _next_in_line(
+        self, current: Ticket, launch: prepare.LaunchSettings
+    ) -> tuple[Ticket, prepare.LaunchSettings]:
         try:
             with self.stores.ops_session() as session:
                 job = jobs.first_waiting(session, self.me.queue)
-                return Ticket.of(job) if job is not None and job.venv_path else current
+                ticket = Ticket.of(job) if job is not None and job.venv_path else None
+            if ticket is not None:
+                return ticket, self._launch(ticket)
         except Exception:  # a hint only
             log.debug("could not read the next job in line", exc_info=True)
-            return current
+        return current, launch
 
     def _ring(self, cycle_id: int | None) -> None:
         if cycle_id is None:
@@ -363,32 +192,48 @@ class RunLoop:
     def run_one(self, ticket: Ticket) -> jobs.JobOutcome:
         """Run one leased job; returns its outcome for `_settle_and_lease` to store."""
         log_path = paths.log_path(self.settings, ticket.job_id)
-        spare = self.spares.take(ticket) if self.spares is not None else None
+        try:
+            launch_settings = self._launch(ticket)
+        except (InvalidInput, OSError) as exc:  # its source or config is gone since it was prepared
+            return jobs.JobOutcome(
+                state="failed",
+                error=redact_text(f"cannot read its launch settings in {ticket.workdir}: {exc}"),
+                log_path=str(log_path),
+            )
+        spare = (
+            self.spares.take(
+                venv=ticket.venv,
+                suffix_len=launch_settings.socket_suffix_len,
+                preload=launch_settings.preload,
+            )
+            if self.spares is not None
+            else None
+        )
         if spare is not None:
             rt = spare.runtime
         else:
             rt = runtime.allocate_runtime(
                 state_dir=self.settings.state_dir.absolute(),
                 env=os.environ,
-                suffix_len=ticket.suffix_len,
+                suffix_len=launch_settings.socket_suffix_len,
             )
-        launch = runner.Job(
+        launch = LaunchSpec(
             venv=Path(ticket.venv),
-            entry=ticket.entry,
+            entry=launch_settings.entry,
             cwd=Path(ticket.workdir),
             runtime=rt,
             spec=ticket.spec,
             cuda_visible_devices=self.me.device or None,
             pythonpath=[Path(ticket.workdir)],
             base_env=dict(os.environ),
-            requirements_hash=ticket.requirements_hash,
+            requirements_hash=launch_settings.requirements_hash,
         )
         beat = Heartbeat(self, ticket.job_id)
         outcome: runner.Outcome | None = None
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log_file:
-                on_event = self._event_handler(ticket, log_file, beat)
+                on_event = self._event_handler(ticket, launch_settings, log_file, beat)
                 try:
                     beat.start()
                     outcome = runner.run_job(
@@ -399,7 +244,7 @@ class RunLoop:
                         spare=spare,
                     )
                     error = None
-                except (runner.LaunchError, jobs.LeaseLost) as exc:
+                except (LaunchError, jobs.LeaseLost) as exc:
                     outcome, error = None, str(exc)
                 finally:
                     beat.stop()
@@ -434,7 +279,7 @@ class RunLoop:
             jobs.mark_running(session, job_id, self.me.name, pid, pgid)
 
     def _event_handler(
-        self, ticket: Ticket, log_file: Any, beat: Heartbeat
+        self, ticket: Ticket, launch: prepare.LaunchSettings, log_file: Any, beat: Heartbeat
     ) -> Callable[[dict[str, Any]], None]:
         def on_event(event: dict[str, Any]) -> None:
             kind = event.get("type")
@@ -445,10 +290,18 @@ class RunLoop:
                     jobs.mark_first_line(
                         session, ticket.job_id, self.me.name, datetime.fromtimestamp(at, UTC)
                     )
-                if self.spares is not None:
+                if self.spares is not None and self.settings.gpu_spare_interpreter:
                     # The job's own start is behind it: park the next job's interpreter now,
                     # for the job first in line (its venv), else for one like this one.
-                    self.spares.prestart(self.settings, self.me, self._next_in_line(ticket))
+                    after, hint = self._next_in_line(ticket, launch)
+                    self.spares.prestart(
+                        state_dir=self.settings.state_dir.absolute(),
+                        venv=after.venv,
+                        suffix_len=hint.socket_suffix_len,
+                        requirements_hash=hint.requirements_hash,
+                        preload=hint.preload,
+                        cuda_visible_devices=self.me.device or None,
+                    )
             if kind in ("log", "progress"):
                 log_file.write(f"[{kind}] {event.get('message') or event}\n")
                 log_file.flush()
@@ -483,8 +336,6 @@ class RunLoop:
         result_path = None
         if result is not None:
             saved = paths.job_dir(self.settings, ticket.job_id) / "result.json"
-            import json
-
             saved.write_text(json.dumps(result, indent=2))
             result_path = str(saved)
         return jobs.JobOutcome(
@@ -520,28 +371,21 @@ class Ticket:
     """What the GPU path needs of a job, read once at lease time."""
 
     job_id: int
-    entry: str
+    experiment: str
     workdir: str
     venv: str
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # what the experiment sees
     time_limit_s: float
-    suffix_len: int
-    requirements_hash: str | None
-    preload: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, job: Job) -> Ticket:
         return cls(
             job_id=job.id,
-            entry=str(job.spec["entry"]),
+            experiment=str(job.experiment),
             workdir=str(job.workdir),
             venv=str(job.venv_path),
-            # What the experiment sees: the runner's own fields stay with the runner.
-            spec={k: v for k, v in job.spec.items() if k not in RUNNER_SPEC_KEYS},
+            spec=dict(job.spec),
             time_limit_s=job.time_limit_s,
-            suffix_len=int(job.spec.get("socket_suffix_len", 40)),
-            requirements_hash=job.spec.get("requirements_hash"),
-            preload=tuple(str(m) for m in job.spec.get("preload") or ()),
         )
 
 
@@ -597,25 +441,3 @@ class Heartbeat:
                 except ProcessLookupError:
                     return
                 self._stop.wait(0.05)
-
-
-def ring_cycle(settings: Settings, stores: Stores, job_id: int) -> None:
-    with stores.ops_session() as session:
-        job = session.get(Job, job_id)
-        cycle_id = job.cycle_id if job else None
-    if cycle_id is not None:
-        broker.ring_advance(settings, cycle_id)
-
-
-def reap(stores: Stores, settings: Settings) -> jobs.Reaped:
-    """Requeue lapsed leases, then ring the doorbells of jobs that waited too long."""
-    with stores.ops_session() as session:
-        reaped = jobs.reap(session, settings)
-        stale_cycles = cycles.stale(session, settings, utcnow())
-    for cycle_id in stale_cycles:
-        broker.ring_advance(settings, cycle_id)
-    for job_id in reaped.prepare_doorbells:
-        broker.ring_prepare(settings, job_id)
-    for queue in reaped.run_doorbells:
-        broker.ring_gpu(settings, queue)
-    return reaped

@@ -10,15 +10,16 @@ from celery.signals import worker_shutdown
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
-from workers import gpu
+from workers import gpu, prepare, reaper
 from workers.celery_app import celery
+from workers.launcher.spare import SpareSlot
 
 log = logging.getLogger(__name__)
 
 # Set by `autopilot worker gpu` before the worker starts (solo pool: same process).
 IDENTITY: gpu.WorkerIdentity | None = None
 # The GPU worker's parked interpreter for its next job, kept across doorbells.
-SPARES = gpu.SpareSlot()
+SPARES = SpareSlot()
 
 
 @worker_shutdown.connect
@@ -33,7 +34,7 @@ def stores() -> Stores:
 
 @celery.task(name=broker.PREPARE_JOB)
 def prepare_job(job_id: int) -> bool:
-    return gpu.prepare_job(stores(), get_settings(), job_id)
+    return prepare.prepare_job(stores(), get_settings(), job_id)
 
 
 @celery.task(name=broker.RUN_JOBS)
@@ -48,7 +49,7 @@ def run_jobs(queue: str) -> int:
 
 @celery.task(name=broker.REAP)
 def reap() -> dict[str, list[int] | list[str]]:
-    reaped = gpu.reap(stores(), get_settings())
+    reaped = reaper.reap(stores(), get_settings())
     return {"requeued": reaped.requeued, "failed": reaped.failed}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from app import broker
 from app.clock import utcnow
-from app.cycles import configs, repository, service
+from app.cycles import repository, service
 from app.cycles.exceptions import NotAwaitingReview
 from app.cycles.headline import headline, ratio_text
 from app.cycles.machine import Machine
@@ -22,6 +22,7 @@ from app.forge.git import GitWork
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.memory import service as memory
+from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings
 
@@ -100,7 +101,7 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
     def revalidate(pr: Any, new_base: str) -> tuple[bool, str]:
         dest = machine.settings.state_dir.absolute() / "revalidate" / f"{cycle_id}-{new_base[:12]}"
         checkout = git_work.merged_checkout(ref.name, forge.remote_url(ref), head, new_base, dest)
-        config = configs.load(checkout)
+        config = project_config.load(checkout)
         with machine.stores.ops_session() as session:
             row = projects.get_project(session, ref.name)
             job = jobs.submit(session, machine.settings, row, config, experiment, parameters)

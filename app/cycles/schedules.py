@@ -95,7 +95,7 @@ def schedule_tick(session: Session, settings: Settings) -> list[int]:
             continue
         ring.append(cycle.id)
     for cycle in repository.deferred(session):
-        owner = projects.get_by_id(session, cycle.project_id)
+        owner = projects.find_project_by_id(session, cycle.project_id)
         if owner is not None and jobs.blocked_by_budget(session, settings, owner) is None:
             repository.set_state(session, cycle, "planned")
             ring.append(cycle.id)
@@ -106,7 +106,7 @@ def schedule_tick(session: Session, settings: Settings) -> list[int]:
 def resume_deferred(session: Session, settings: Settings, project_id: int, limit: int) -> list[int]:
     """Return up to `limit` of the project's oldest `deferred_budget` cycles to `planned`
     when its budgets allow a job now; the caller rings them after commit."""
-    owner = projects.get_by_id(session, project_id)
+    owner = projects.find_project_by_id(session, project_id)
     if owner is None or jobs.blocked_by_budget(session, settings, owner) is not None:
         return []
     waiting = repository.oldest_deferred_locked(session, project_id, limit)

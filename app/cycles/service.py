@@ -21,6 +21,7 @@ from app.cycles.states import SETTLED as SETTLED
 from app.cycles.states import TERMINAL as TERMINAL
 from app.cycles.states import WAITING as WAITING
 from app.errors import InvalidInput
+from app.jobs import reaping
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.projects import service as projects
@@ -87,7 +88,7 @@ def get(session: Session, cycle_id: int) -> Cycle:
 
 def project_of(session: Session, cycle: Cycle) -> Project:
     """The cycle's project (its cycles go with it: ON DELETE CASCADE)."""
-    project = projects.get_by_id(session, cycle.project_id)
+    project = projects.find_project_by_id(session, cycle.project_id)
     assert project is not None
     return project
 
@@ -118,7 +119,7 @@ def stale(session: Session, settings: Settings, now: datetime) -> list[int]:
     """Cycles whose doorbell may have been lost: a step to run, nothing heard since; or a cycle
     still waiting for a job that ended (the job's "advance" doorbell was lost, e.g. rung while
     the broker was down or dropped by a Redis restart). Each is due again at growing intervals
-    (`jobs.doorbell_due`), so a backlog of cycles is not rung again on every reaper tick."""
+    (`reaping.doorbell_due`), so a backlog of cycles is not rung again on every reaper tick."""
     older_than = now - timedelta(seconds=settings.doorbell_stale_s)
     stepping = repository.stepping_untouched_since(session, older_than)
     job_ended = jobs.cycles_whose_job_ended(
@@ -127,12 +128,17 @@ def stale(session: Session, settings: Settings, now: datetime) -> list[int]:
     due = set()
     for cycle_id, since in (*stepping, *job_ended):
         waited = (now - (aware(since) or now)).total_seconds()
-        if jobs.doorbell_due(waited, settings):
+        if reaping.doorbell_due(waited, settings):
             due.add(cycle_id)
     return sorted(due)
 
 
-# -- read by the dashboard ----
+# -- figures: what the dashboard, /metrics and `autopilot status` read ---------------------
+
+
+def counts_by_state(session: Session) -> dict[str, int] | None:
+    """Cycle counts by state, or None while the ops DB has no cycle table."""
+    return repository.counts_by_state(session)
 
 
 def change_marks(session: Session) -> list[tuple[object, ...]]:

@@ -21,16 +21,16 @@ from sqlalchemy.orm import Session
 
 from app.cycles import service as cycles
 from app.db import Stores
-from app.jobs import service as jobs
+from app.jobs import figures
 
 #: What each topic's pages show, as the marks (counts, latest times) of the rows whose change
 #: makes them stale.
 TOPICS: dict[str, Callable[[Session], list[tuple[object, ...]]]] = {
     # cycles list, a cycle's page, the review queue
-    "cycles": lambda session: [*cycles.change_marks(session), jobs.change_marks(session)],
+    "cycles": lambda session: [*cycles.change_marks(session), figures.change_marks(session)],
     # the GPU queue: jobs, who holds them, the workers (not heartbeats: every running job
     # would then make every open queue page fetch itself once a second)
-    "queue": lambda session: [jobs.change_marks(session), *jobs.holder_marks(session)],
+    "queue": lambda session: [figures.change_marks(session), *figures.holder_marks(session)],
 }
 
 POLL_S = 1.0

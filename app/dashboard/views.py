@@ -18,6 +18,7 @@ from app.db import Stores
 from app.errors import AutopilotError
 from app.forge.base import ProjectRef, PullRequest
 from app.forge.local import LocalForge
+from app.jobs import figures
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.memory import service as memory
@@ -238,7 +239,7 @@ def budgets(session: Session, settings: Settings) -> list[BudgetRow]:
     ]
     rows = []
     for scope, project_id, hours_limit, concurrent_limit in scopes:
-        used_h, active = jobs.gpu_use(session, project_id, day_ago)
+        used_h, active = figures.gpu_use(session, project_id, day_ago)
         rows.append(BudgetRow(scope, used_h, hours_limit, active, concurrent_limit))
     return rows
 
@@ -263,7 +264,7 @@ def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
                 key=lambda j: (aware(j.order_key) or datetime.min.replace(tzinfo=UTC), j.id)
             )
         page = QueuePage(
-            queues=jobs.queues(session, settings),
+            queues=figures.queues(session, settings),
             jobs_by_queue=waiting,
             workers=list(jobs.list_workers(session)),
             budgets=budgets(session, settings),

@@ -15,6 +15,19 @@ def get(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
+def add(session: Session, row: Job | Lease | Worker) -> None:
+    session.add(row)
+
+
+def delete(session: Session, row: Lease) -> None:
+    session.delete(row)
+
+
+def refresh(session: Session, row: Job) -> None:
+    """Re-read a row a conditional update just changed behind the session's back."""
+    session.refresh(row)
+
+
 def lock_leasing(session: Session) -> None:
     """Take the leasing lock: a write first, so SQLite starts its write transaction now and
     PostgreSQL holds the row lock until commit. Leasers are serialised; budgets stay exact."""

@@ -20,7 +20,7 @@ from app.api.deps import (
     TriggerToken,
 )
 from app.db import Stores
-from app.jobs import paths
+from app.jobs import figures, paths
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.jobs.schemas import JobCreate, JobOut, QueueOut, WorkerOut
@@ -127,4 +127,4 @@ def list_workers(session: OpsSession, _: AnyToken) -> list[WorkerOut]:
 
 @router.get("/queues", response_model=list[QueueOut])
 def list_queues(session: OpsSession, _: AnyToken, settings: SettingsDep) -> list[QueueOut]:
-    return [QueueOut.model_validate(q) for q in jobs.queues(session, settings)]
+    return [QueueOut.model_validate(q) for q in figures.queues(session, settings)]

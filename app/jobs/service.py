@@ -6,7 +6,6 @@ Every function here runs inside the caller's transaction and only flushes.
 
 from __future__ import annotations
 
-import math
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from app.jobs.models import FINISHED, Job, Lease, Worker
 from app.jobs.schemas import JobOut
 from app.projects import config as project_config
 from app.projects import service as ops
+from app.projects import service as projects
 from app.projects.config import ProjectConfig
 from app.projects.models import Project
 from app.settings import Settings
@@ -73,7 +73,6 @@ def submit(
     queue: str | None = None,
     cycle_id: int | None = None,
     seed: int = 0,
-    extra_spec: dict[str, Any] | None = None,
 ) -> Job:
     """Validate against the project's declared experiments and space, then record the job."""
     declared = config.experiment(experiment)
@@ -90,7 +89,6 @@ def submit(
         "device": "cpu" if queue == "gpu.cpu" else "cuda",
         "seed": seed,
         "tolerance": declared.tolerance.model_dump(),
-        **(extra_spec or {}),
     }
     now = utcnow()
     job = Job(
@@ -106,7 +104,7 @@ def submit(
         order_key=now,
         submitted_at=now,
     )
-    session.add(job)
+    repo.add(session, job)
     session.flush()
     return job
 
@@ -118,10 +116,18 @@ def get(session: Session, job_id: int) -> Job:
     return job
 
 
-def mark_prepared(session: Session, job_id: int, *, workdir: str, venv_path: str) -> bool:
-    """Record a finished preparation; False when the job no longer needs it."""
+def awaiting_preparation(session: Session, job_id: int) -> Job | None:
+    """The job if it still needs preparing (queued, not prepared yet), else None."""
     job = repo.get(session, job_id)
     if job is None or job.state != "queued" or job.prepared_at is not None:
+        return None
+    return job
+
+
+def mark_prepared(session: Session, job_id: int, *, workdir: str, venv_path: str) -> bool:
+    """Record a finished preparation; False when the job no longer needs it."""
+    job = awaiting_preparation(session, job_id)
+    if job is None:
         return False
     job.workdir, job.venv_path, job.prepared_at = workdir, venv_path, utcnow()
     session.flush()
@@ -229,7 +235,7 @@ def lease_next(
             tried.add(job.id)
             if job.project_id in blocked:
                 continue
-            project = session.get(Project, job.project_id)
+            project = projects.find_project_by_id(session, job.project_id)
             assert project is not None
             label, project_id, budget = _budget_scopes(settings, project)[0]
             reason = _check_scope(session, label, project_id, budget)
@@ -237,7 +243,7 @@ def lease_next(
                 blocked[job.project_id] = reason
                 continue
             if repo.claim(session, job.id, worker, now):
-                session.refresh(job)
+                repo.refresh(session, job)
                 leased = job
                 break
     for project_id, reason in blocked.items():
@@ -246,7 +252,8 @@ def lease_next(
     if leased is None:
         session.flush()
         return None
-    session.add(
+    repo.add(
+        session,
         Lease(
             job_id=leased.id,
             worker=worker,
@@ -254,7 +261,7 @@ def lease_next(
             device=device,
             heartbeat_at=now,
             expires_at=now + timedelta(seconds=settings.lease_ttl_s),
-        )
+        ),
     )
     session.flush()
     return leased
@@ -325,7 +332,7 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
         outcome.log_path,
     )
     job.gpu_seconds, job.finished_at = outcome.gpu_seconds, outcome.finished_at
-    session.delete(lease)
+    repo.delete(session, lease)
     row = repo.get_worker(session, worker)
     if row is not None:
         row.current_job_id, row.last_job_finished_at = None, outcome.finished_at
@@ -346,73 +353,6 @@ def cancel(session: Session, job_id: int, by: str) -> Job:
     return job
 
 
-@dataclass
-class Reaped:
-    requeued: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
-    prepare_doorbells: list[int] = field(default_factory=list)
-    run_doorbells: list[str] = field(default_factory=list)  # queues to ring
-
-
-#: Re-ringing backs off from `doorbell_stale_s` up to this many times it (8 min by default).
-DOORBELL_BACKOFF_CAP = 16
-
-
-def doorbell_due(waited_s: float, settings: Settings) -> bool:
-    """Whether the reaper re-rings the doorbell of something waiting `waited_s` seconds.
-
-    At `doorbell_stale_s`, then at 2x, 4x, 8x... that wait (then every 16x): the reaper runs every
-    `reaper_interval_s`, so it sees each window [stale * 2^k, stale * 2^k + interval) about
-    once. A doorbell lost to a broker restart is recovered within one stale period, while a
-    long backlog (the control worker busy with hundreds of jobs) costs each waiting item a
-    few doorbells in all, not one per tick.
-    """
-    stale = settings.doorbell_stale_s
-    if waited_s < stale:
-        return False
-    cap = stale * DOORBELL_BACKOFF_CAP
-    if waited_s >= cap:  # then every `cap` seconds: a missed window never waits for hours
-        return (waited_s - cap) % cap < settings.reaper_interval_s
-    window = stale * 2.0 ** math.floor(math.log2(waited_s / stale))
-    return waited_s - window < settings.reaper_interval_s
-
-
-def reap(session: Session, settings: Settings) -> Reaped:
-    """Return jobs whose lease lapsed to their queue (or fail them after max attempts), and list
-    the doorbells to ring again for jobs that waited too long."""
-    now = utcnow()
-    reaped = Reaped()
-    for lease in repo.expired_leases(session, now):
-        job = get(session, lease.job_id)
-        session.delete(lease)
-        if job.cancel_requested_at is not None:
-            job.state, job.finished_at = "cancelled", now
-        elif job.attempts >= job.max_attempts:
-            job.state, job.finished_at = "failed", now
-            job.error = (
-                f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
-                "stopped heartbeating); giving up after max attempts"
-            )
-            reaped.failed.append(job.id)
-        else:
-            job.state, job.worker, job.started_at = "queued", None, None
-            reaped.requeued.append(job.id)
-    session.flush()
-    stale = repo.stale_before(now, settings.doorbell_stale_s)
-    for job in repo.waiting_without_doorbell(session, stale):
-        if job.prepared_at is None:
-            waited = now - (aware(job.submitted_at) or now)
-            if doorbell_due(waited.total_seconds(), settings):
-                reaped.prepare_doorbells.append(job.id)
-        elif job.queue not in reaped.run_doorbells:
-            reaped.run_doorbells.append(job.queue)
-    for job_id in reaped.requeued:
-        queue = get(session, job_id).queue
-        if queue not in reaped.run_doorbells:
-            reaped.run_doorbells.append(queue)
-    return reaped
-
-
 def register_worker(
     session: Session, name: str, kind: str, devices: str, host: str | None = None
 ) -> Worker:
@@ -420,7 +360,7 @@ def register_worker(
     now = utcnow()
     if row is None:
         row = Worker(name=name, kind=kind, devices=devices, host=host or socket.gethostname())
-        session.add(row)
+        repo.add(session, row)
     row.kind, row.devices, row.last_seen, row.started_at = kind, devices, now, now
     session.flush()
     return row
@@ -433,56 +373,18 @@ def set_current_job(session: Session, worker: str, job_id: int | None) -> None:
         session.flush()
 
 
+def cycle_of(session: Session, job_id: int) -> int | None:
+    """The cycle the job belongs to; None for a standalone (or unknown) job."""
+    job = repo.get(session, job_id)
+    return job.cycle_id if job else None
+
+
 def list_jobs(session: Session, **filters: Any) -> Sequence[Job]:
     return repo.list_jobs(session, **filters)
 
 
 def list_workers(session: Session) -> Sequence[Worker]:
     return repo.list_workers(session)
-
-
-def queues(session: Session, settings: Settings) -> list[dict[str, Any]]:
-    """Depth and oldest waiting job per queue, plus the recent idle gap and duty cycle."""
-    summary: dict[str, dict[str, Any]] = {
-        f"gpu.{k}": {
-            "queue": f"gpu.{k}",
-            "queued": 0,
-            "leased": 0,
-            "running": 0,
-            "oldest_queued_at": None,
-        }
-        for k in settings.gpu_kinds
-    }
-    for queue, state, count, oldest in repo.queue_summary(session):
-        entry = summary.setdefault(
-            queue,
-            {"queue": queue, "queued": 0, "leased": 0, "running": 0, "oldest_queued_at": None},
-        )
-        entry[state] = count
-        if state == "queued":
-            entry["oldest_queued_at"] = aware(oldest)
-    since = utcnow() - timedelta(hours=1)
-    for queue, entry in summary.items():
-        jobs = repo.recent_finished(session, queue, since)
-        gaps = sorted(j.idle_gap_s for j in jobs if j.idle_gap_s is not None)
-        entry["idle_gap_median_s"] = gaps[len(gaps) // 2] if gaps else None
-        entry["duty_cycle"] = duty_cycle(jobs)
-    return list(summary.values())
-
-
-def duty_cycle(jobs: Sequence[Job]) -> float | None:
-    """Busy time over wall time across back-to-back jobs (first line to finish, per worker)."""
-    spans = sorted(
-        (aware(j.first_line_at), aware(j.finished_at))
-        for j in jobs
-        if j.first_line_at is not None and j.finished_at is not None and j.idle_gap_s is not None
-    )
-    if len(spans) < 2:
-        return None
-    busy = sum((end - start).total_seconds() for start, end in spans if start and end)
-    gaps = sum(j.idle_gap_s or 0.0 for j in jobs if j.idle_gap_s is not None)
-    total = busy + gaps
-    return busy / total if total > 0 else None
 
 
 # -- asked by cycles ----
@@ -503,27 +405,6 @@ def cycles_whose_job_ended(
 ) -> list[tuple[int, datetime]]:
     """Of these cycles, those whose job finished before `older_than`, with when it did."""
     return repo.ended_before_for_cycles(session, cycle_ids, older_than)
-
-
-# -- read by the dashboard ----
-
-
-def change_marks(session: Session) -> tuple[object, ...]:
-    """What moves when any job is added or moves on (the dashboard's live pages compare it)."""
-    return repo.change_marks(session)
-
-
-def holder_marks(session: Session) -> list[tuple[object, ...]]:
-    """What moves when a job is leased or released, or a worker takes another job."""
-    return repo.holder_marks(session)
-
-
-def gpu_use(session: Session, project_id: int | None, since: datetime) -> tuple[float, int]:
-    """(GPU-hours used since `since`, GPUs in use now) of one project, or of all with None."""
-    return (
-        repo.gpu_seconds_since(session, since, project_id) / 3600,
-        repo.active_count(session, project_id),
-    )
 
 
 # -- submission ----

@@ -5,9 +5,12 @@ Errors name the file, the key and the expected form, so a person can fix the fil
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
+from collections import OrderedDict
 from pathlib import Path
+from threading import Lock
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -157,7 +160,31 @@ class ProjectConfig(BaseModel):
             ) from None
 
 
+# A project's cycles and jobs keep reading the same file at the same commit (plan, prepare, each
+# GPU host's preparation, every retry): each distinct text is parsed once. Keyed by the text
+# itself, so a changed file is a new key, never a stale answer; only successes are kept, so an
+# error always names the source it came from. A parsed config is shared: readers never change it.
+_PARSED_KEEP = 64
+_parsed: OrderedDict[str, ProjectConfig] = OrderedDict()
+_parsed_lock = Lock()
+
+
 def parse(text: str, source: str = CONFIG_FILE) -> ProjectConfig:
+    key = hashlib.sha256(text.encode()).hexdigest()
+    with _parsed_lock:
+        hit = _parsed.get(key)
+        if hit is not None:
+            _parsed.move_to_end(key)
+            return hit
+    config = _parse(text, source)
+    with _parsed_lock:
+        _parsed[key] = config
+        while len(_parsed) > _PARSED_KEEP:
+            _parsed.popitem(last=False)
+    return config
+
+
+def _parse(text: str, source: str) -> ProjectConfig:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -51,10 +51,6 @@ def list_tokens(session: Session) -> Sequence[ApiToken]:
 # -- asked by cycles ----
 
 
-def get_by_id(session: Session, project_id: int) -> Project | None:
-    return session.get(Project, project_id)
-
-
 def on_autopilot(session: Session) -> Sequence[Project]:
     """The projects whose schedule is switched on."""
     return session.scalars(select(Project).where(Project.autopilot_enabled.is_(True))).all()

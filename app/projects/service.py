@@ -140,9 +140,9 @@ def require_scope(token: ApiToken, scope: str) -> None:
 # -- asked by cycles ----
 
 
-def get_by_id(session: Session, project_id: int) -> Project | None:
+def find_project_by_id(session: Session, project_id: int) -> Project | None:
     """A project by its row id (a cycle or job names its project so), or None if it is gone."""
-    return repository.get_by_id(session, project_id)
+    return repository.get_project_by_id(session, project_id)
 
 
 def on_autopilot(session: Session) -> Sequence[Project]:

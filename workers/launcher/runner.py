@@ -5,36 +5,29 @@ scrubbed environment (`environment.py`). It dies with the worker (PR_SET_PDEATHS
 stopped as a whole group on timeout (SIGTERM, a grace period, SIGKILL), and whatever it
 leaves in its group when it exits is killed, so no grandchild outlives the job.
 
-A worker that runs jobs back to back can start the next job's interpreter ahead of time
-(`Spare`): the venv's python, started with the job environment it will have, parked before
-any user code until it is handed a job. Handing over costs a pipe write instead of a process
-start (`site`, the venv's `.pth` files: 35-70 ms on a GPU worker, idle GPU time).
+With a parked interpreter (`spare.Spare`) the job is handed to it instead of started cold.
+How a process is started (`LaunchSpec`, the spawn) is in `launch.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import re
-import select
 import selectors
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.launcher.environment import build_child_env
-from workers.launcher.runtime import RuntimeDir, RuntimeDirError
-from workers.launcher.venv import interpreter_path
+from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, killpg, spawn
+from workers.launcher.runtime import RuntimeDirError
+from workers.launcher.spare import Spare
 
-_ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_PR_SET_PDEATHSIG = 1
 _READ = 65536
 
 #: Receives each event as it arrives (the queue turns them into heartbeats and progress).
@@ -42,51 +35,6 @@ _READ = 65536
 EventCallback = Callable[[dict[str, Any]], None]
 #: Receives (pid, pgid) right after the spawn, before any output is read (for the lease).
 SpawnCallback = Callable[[int, int], None]
-
-
-class LaunchError(RuntimeError):
-    """The job could not be started; nothing was left running."""
-
-
-@dataclass(frozen=True)
-class Job:
-    venv: Path
-    entry: str  # the module run with `-m`
-    cwd: Path
-    runtime: RuntimeDir
-    spec: Mapping[str, Any]
-    cuda_visible_devices: str | None = None
-    pythonpath: Sequence[Path] = ()
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    base_env: Mapping[str, str] = field(default_factory=dict)  # the worker's env to filter
-    requirements_hash: str | None = None
-
-    @property
-    def python(self) -> Path:
-        return interpreter_path(self.venv)
-
-    @property
-    def spec_path(self) -> Path:
-        return self.runtime.path / "spec.json"
-
-    @property
-    def result_path(self) -> Path:
-        return self.runtime.path / "result.json"
-
-    def env(self) -> dict[str, str]:
-        """Exactly the environment the job (and its preflight guard) runs with."""
-        return build_child_env(
-            base_env=self.base_env,
-            venv=self.venv,
-            runtime_dir=self.runtime.path,
-            events_path=self.runtime.events_path,
-            result_path=self.result_path,
-            spec_path=self.spec_path,
-            cuda_visible_devices=self.cuda_visible_devices,
-            pythonpath=self.pythonpath,
-            requirements_hash=self.requirements_hash,
-            extra=self.extra_env,
-        )
 
 
 @dataclass
@@ -186,35 +134,6 @@ class _Events:
             self.on_event(event)
 
 
-def _libc_prctl() -> Callable[..., int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl: Callable[..., int] = libc.prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _libc_prctl()
-
-
-def _child_setup(parent_pid: int) -> Callable[[], None]:
-    def setup() -> None:
-        # The job dies with the worker process; a worker that died before this call is
-        # caught by the ppid check (the child was already reparented).
-        if _PRCTL is not None:
-            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os._exit(125)
-
-    return setup
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
 def _listen(path: Path) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -232,216 +151,8 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
-def _spawn(
-    argv: list[str], cwd: Path, env: dict[str, str], stdin: int, pass_fds: Sequence[int] = ()
-) -> subprocess.Popen[bytes]:
-    # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
-    # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
-    # measured no better (an extra exec), so the job's death with the worker is kept this way.
-    return subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=stdin,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # the child leads its own group: pgid == pid
-        close_fds=True,
-        pass_fds=tuple(pass_fds),
-        preexec_fn=_child_setup(os.getpid()),
-    )
-
-
-#: What a parked interpreter runs: wait for one line (the job), then become `python -m entry`
-#: exactly as runpy does for `-m` (`__main__`, `sys.argv[0]`, `__spec__`), with the job's own
-#: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
-#: and per-job variables. Its own name is removed from `__main__` before the module runs.
-#: `runpy` (which `-m` imports anyway) and `json` are imported while parked, and so are the
-#: project's `preload` modules (argv; from the venv only: no job path is on `sys.path` yet);
-#: then it says it is ready on a pipe of its own (argv[1]) and waits for its job.
-_PARK = """\
-def _autopilot_park():
-    import json, os, runpy, sys
-    ready, preload = int(sys.argv[1]), sys.argv[2:]
-    del sys.argv[1:]
-    try:
-        for name in preload:
-            __import__(name)
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        os._exit(3)
-    os.write(ready, b"R")
-    os.close(ready)
-    line = sys.stdin.buffer.readline()
-    if not line:
-        raise SystemExit(0)
-    go = json.loads(line)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for name in go["unset"]:
-        os.environ.pop(name, None)
-    os.environ.update(go["set"])
-    os.chdir(go["cwd"])
-    sys.path[0:0] = go["path"]
-    del sys.modules["__main__"].__dict__["_autopilot_park"]
-    runpy._run_module_as_main(go["entry"])
-_autopilot_park()
-"""
-
-#: Variables a parked interpreter takes at hand-over. Every other variable must be the same in
-#: the spare and the job, because the interpreter or the loader reads it only at start-up.
-_HANDED_OVER = frozenset(
-    {
-        "PYTHONPATH",
-        "AUTOPILOT_SPEC",
-        "AUTOPILOT_EVENTS",
-        "AUTOPILOT_RESULT",
-        "AUTOPILOT_REQUIREMENTS_HASH",
-    }
-)
-
-
-#: How long a job waits for a spare still importing its preloads before starting cold.
-SPARE_READY_TIMEOUT_S = 60.0
-
-
-def _venv_stamp(venv: Path) -> tuple[int, int]:
-    st = os.stat(os.path.join(os.path.abspath(venv), "pyvenv.cfg"))
-    return st.st_ino, st.st_mtime_ns
-
-
-class Spare:
-    """A venv's interpreter started ahead of its job, parked before any user code.
-
-    Create it from the thread that will run the job (PR_SET_PDEATHSIG follows the spawning
-    thread). It holds its runtime dir, whose paths are in its environment: the job it runs
-    must use that runtime dir. `run_job(job, spare=...)` takes ownership; `close()` kills an
-    unused one (the caller releases the runtime dir).
-    """
-
-    def __init__(
-        self,
-        *,
-        venv: Path,
-        runtime: RuntimeDir,
-        cuda_visible_devices: str | None = None,
-        base_env: Mapping[str, str] | None = None,
-        extra_env: Mapping[str, str] | None = None,
-        requirements_hash: str | None = None,
-        preload: Sequence[str] = (),
-    ) -> None:
-        bad = [name for name in preload if not _ENTRY.match(name)]
-        if bad:
-            raise LaunchError(f"preload {bad[0]!r} is not a dotted module name")
-        self.venv = venv
-        self.runtime = runtime
-        self.preload = tuple(preload)
-        self._stamp = _venv_stamp(venv)
-        template = Job(
-            venv=venv,
-            entry="_",
-            cwd=runtime.path,
-            runtime=runtime,
-            spec={},
-            cuda_visible_devices=cuda_visible_devices,
-            extra_env=dict(extra_env or {}),
-            base_env=dict(base_env or {}),
-            requirements_hash=requirements_hash,
-        )
-        self.env = template.env()
-        python = template.python
-        self.started_at = time.monotonic()
-        self._ready = False
-        self._ready_fd, ready_w = os.pipe()
-        try:
-            self.proc: subprocess.Popen[bytes] = _spawn(
-                [str(python), "-c", _PARK, str(ready_w), *self.preload],
-                runtime.path,
-                self.env,
-                subprocess.PIPE,
-                pass_fds=(ready_w,),
-            )
-        except OSError as exc:
-            os.close(self._ready_fd)
-            raise LaunchError(f"cannot start a spare {python}: {exc}") from exc
-        finally:
-            os.close(ready_w)
-
-    def wait_ready(self, timeout_s: float) -> str | None:
-        """None once the spare has imported its preloads and waits for a job; else why not.
-
-        A spare still importing is waited for (it is ahead of a cold start, which would import
-        the same); one whose preload failed has exited without saying it was ready."""
-        if self._ready:
-            return None
-        readable, _, _ = select.select([self._ready_fd], [], [], timeout_s)
-        if not readable:
-            return f"the spare was not ready within {timeout_s:g} s"
-        if os.read(self._ready_fd, 1) != b"R":
-            return f"the spare exited before it was ready ({self.proc.wait()})"
-        self._ready = True
-        return None
-
-    def fits(self, job: Job) -> str | None:
-        """None when this spare can run `job`; otherwise why not."""
-        if self.proc.poll() is not None:
-            return f"the spare exited ({self.proc.returncode})"
-        if os.path.abspath(job.venv) != os.path.abspath(self.venv):
-            return "another venv"
-        if job.runtime.path != self.runtime.path:
-            return "another runtime dir"
-        try:
-            if _venv_stamp(job.venv) != self._stamp:
-                return "the venv changed since the spare started"
-        except OSError:
-            return "the venv is gone"
-        wanted = job.env()
-        for name in (set(wanted) | set(self.env)) - _HANDED_OVER:
-            if wanted.get(name) != self.env.get(name):
-                return f"{name} differs (read at interpreter start)"
-        for top in sorted({name.split(".")[0] for name in self.preload}):
-            for entry in job.pythonpath:
-                if (Path(entry) / top).exists() or (Path(entry) / f"{top}.py").exists():
-                    return f"the job's {entry} has its own {top!r}, which the spare preloaded"
-        return self.wait_ready(SPARE_READY_TIMEOUT_S)
-
-    def hand_over(self, job: Job) -> subprocess.Popen[bytes]:
-        wanted = job.env()
-        go = {
-            "entry": job.entry,
-            "cwd": os.path.abspath(job.cwd),
-            "path": [p for p in wanted.get("PYTHONPATH", "").split(os.pathsep) if p],
-            "set": {k: v for k, v in wanted.items() if k in _HANDED_OVER},
-            "unset": sorted(k for k in _HANDED_OVER if k not in wanted),
-        }
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(go).encode() + b"\n")
-            self.proc.stdin.close()
-        except OSError as exc:
-            self.close()
-            raise LaunchError(f"cannot hand the job to the spare interpreter: {exc}") from exc
-        return self.proc
-
-    def close(self) -> None:
-        """Kill the spare's group if it never got a job (idempotent)."""
-        if self.proc.returncode is None and self.proc.poll() is None:
-            _killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        if self._ready_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._ready_fd)
-            self._ready_fd = -1
-
-
 def run_job(
-    job: Job,
+    job: LaunchSpec,
     *,
     limits: Limits | None = None,
     on_event: EventCallback | None = None,
@@ -458,7 +169,7 @@ def run_job(
     lim = limits or Limits()
     launch, missed = "cold", None
     try:
-        if not _ENTRY.match(job.entry):
+        if not ENTRY.match(job.entry):
             raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
         if spare is not None and (missed := spare.fits(job)) is not None:
             spare.close()
@@ -478,7 +189,7 @@ def run_job(
                     missed, started = str(exc), time.monotonic()
             if proc is None:
                 try:
-                    proc = _spawn(
+                    proc = spawn(
                         [str(job.python), "-m", job.entry], job.cwd, env, subprocess.DEVNULL
                     )
                 except OSError as exc:
@@ -496,7 +207,7 @@ def run_job(
 
 
 def _supervise(
-    job: Job,
+    job: LaunchSpec,
     proc: subprocess.Popen[bytes],
     started: float,
     listener: socket.socket,
@@ -534,7 +245,7 @@ def _supervise(
                 returncode = proc.poll()
                 if returncode is not None:
                     # the leader is gone: nothing else of the job may stay behind
-                    _killpg(pgid, signal.SIGKILL)
+                    killpg(pgid, signal.SIGKILL)
                     drain_until = now + lim.drain_s
                     if pidfd is not None:
                         sel.unregister(pidfd)
@@ -547,11 +258,11 @@ def _supervise(
                 ):
                     break
             elif kill_at is not None and now >= kill_at:
-                _killpg(pgid, signal.SIGKILL)
+                killpg(pgid, signal.SIGKILL)
                 kill_at = now + 3600  # sent; now wait for the exit
             elif kill_at is None and now >= deadline:
                 timed_out = True
-                _killpg(pgid, signal.SIGTERM)
+                killpg(pgid, signal.SIGTERM)
                 kill_at = now + lim.grace_s
             wake = [deadline if kill_at is None else kill_at]
             if drain_until is not None:
@@ -596,7 +307,7 @@ def _supervise(
                     sel.unregister(peer)
                     peer.close()
     except BaseException:
-        _killpg(pgid, signal.SIGKILL)
+        killpg(pgid, signal.SIGKILL)
         proc.wait()
         raise
     finally:

@@ -4,12 +4,13 @@ asked for. The job's "prepare" doorbell rings only after the job is committed.""
 from __future__ import annotations
 
 from app import broker
-from app.cycles import configs, repository, service
+from app.cycles import repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.errors import Unavailable
 from app.forge import service as forge_service
 from app.jobs import service as jobs
+from app.projects import config as project_config
 
 
 class Prepare(Step):
@@ -23,7 +24,7 @@ class Prepare(Step):
             worktree = self.worktree(cycle, ref, forge)
         except (Unavailable, OSError) as exc:
             raise Transient(str(exc)) from exc
-        config = configs.load(worktree.path)
+        config = project_config.load(worktree.path)
         ring: int | None = None
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)

@@ -48,7 +48,7 @@ class Publish(Step):
 
     def _record_findings(self, cycle: Cycle, project: ProjectRef, pr_url: str) -> list[str]:
         with self.stores.ops_session() as session:
-            device = projects.get_by_id(session, cycle.project_id)
+            device = projects.find_project_by_id(session, cycle.project_id)
             device_kind = device.gpu_kind if device else "cpu"
         evidence = Evidence(
             cycle_id=str(cycle.id),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from workers.launcher.runner import Job
+from workers.launcher.launch import LaunchSpec
 from workers.launcher.runtime import RuntimeDir, allocate_runtime, release_runtime
 from workers.launcher.venv import Venv, ensure_venv
 
@@ -33,14 +33,14 @@ def runtime_dir(state_dir: Path) -> Iterator[RuntimeDir]:
     release_runtime(rt)
 
 
-MakeJob = Callable[..., Job]
+MakeJob = Callable[..., LaunchSpec]
 
 
 @pytest.fixture
 def make_job(tmp_path: Path, venv: Venv, runtime_dir: RuntimeDir) -> MakeJob:
     """A job whose entry module `exp` in a fresh worktree runs `body` (dedented)."""
 
-    def make(body: str, **kw: Any) -> Job:
+    def make(body: str, **kw: Any) -> LaunchSpec:
         worktree = tmp_path / "wt"
         worktree.mkdir(exist_ok=True)
         (worktree / "exp.py").write_text(textwrap.dedent(body))
@@ -55,6 +55,6 @@ def make_job(tmp_path: Path, venv: Venv, runtime_dir: RuntimeDir) -> MakeJob:
             "cuda_visible_devices": "",
         }
         args.update(kw)
-        return Job(**args)
+        return LaunchSpec(**args)
 
     return make

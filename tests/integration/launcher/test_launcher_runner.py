@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from workers.launcher.runner import Job, LaunchError, Limits, run_job
+from workers.launcher.launch import LaunchError, LaunchSpec
+from workers.launcher.runner import Limits, run_job
 
-MakeJob = Callable[..., Job]
+MakeJob = Callable[..., LaunchSpec]
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -240,10 +241,11 @@ WORKER = """
 import json, os, sys
 from pathlib import Path
 import workers.launcher.runner as runner
+from workers.launcher.launch import LaunchSpec
 from workers.launcher.runtime import allocate_runtime
 rt = allocate_runtime(state_dir=Path(sys.argv[1]), env={}, roots=[("given", sys.argv[2])])
 wt = Path(sys.argv[1]) / "wt"
-job = runner.Job(venv=Path(sys.argv[3]), entry="exp", cwd=wt, runtime=rt, spec={},
+job = LaunchSpec(venv=Path(sys.argv[3]), entry="exp", cwd=wt, runtime=rt, spec={},
                  pythonpath=[wt], base_env=dict(os.environ))
 runner.run_job(job, on_event=lambda e: print(e["pid"], flush=True))
 """

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from workers.launcher.runner import Job, LaunchError, Limits, Spare, run_job
+from workers.launcher.launch import LaunchError, LaunchSpec
+from workers.launcher.runner import Limits, run_job
 from workers.launcher.runtime import RuntimeDir
+from workers.launcher.spare import Spare
 from workers.launcher.venv import Venv
 
-MakeJob = Callable[..., Job]
+MakeJob = Callable[..., LaunchSpec]
 
 #: What the entry module reports about the process it finds itself in.
 INTROSPECT = """
@@ -45,7 +47,7 @@ with open(os.environ["AUTOPILOT_RESULT"], "w") as f:
 """
 
 
-def spare_for(job: Job, **kw: Any) -> Spare:
+def spare_for(job: LaunchSpec, **kw: Any) -> Spare:
     return Spare(
         venv=job.venv,
         runtime=job.runtime,

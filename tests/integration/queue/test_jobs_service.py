@@ -11,6 +11,7 @@ from sqlalchemy import func, select, update
 
 from app.db import Stores
 from app.errors import InvalidInput
+from app.jobs import figures, reaping
 from app.jobs import service as jobs
 from app.jobs.models import Job, Lease
 from app.projects import config as project_config
@@ -214,10 +215,10 @@ def test_reaper_requeues_then_fails_after_max_attempts(stores: Stores, settings:
     job_id = submit(stores, settings, "alpha")
     assert lease(stores, settings, "w1") == job_id
     with stores.ops_session() as session:
-        assert jobs.reap(session, settings).requeued == []  # a live lease is left alone
+        assert reaping.reap(session, settings).requeued == []  # a live lease is left alone
     expire_lease(stores, job_id)
     with stores.ops_session() as session:
-        reaped = jobs.reap(session, settings)
+        reaped = reaping.reap(session, settings)
     assert reaped.requeued == [job_id] and reaped.run_doorbells == ["gpu.cpu"]
     again = row(stores, job_id)
     assert (again.state, again.attempts, again.worker) == ("queued", 1, None)
@@ -226,7 +227,7 @@ def test_reaper_requeues_then_fails_after_max_attempts(stores: Stores, settings:
     assert lease(stores, settings, "w2") == job_id
     expire_lease(stores, job_id)
     with stores.ops_session() as session:
-        reaped = jobs.reap(session, settings)
+        reaped = reaping.reap(session, settings)
     assert reaped.failed == [job_id] and reaped.requeued == []
     failed = row(stores, job_id)
     assert (failed.state, failed.attempts) == ("failed", 2)
@@ -245,7 +246,7 @@ def test_reaper_cancels_an_expired_job_whose_cancel_was_asked(
         assert jobs.cancel(session, job_id, by="alice").state == "leased"  # told, not yet stopped
     expire_lease(stores, job_id)
     with stores.ops_session() as session:
-        reaped = jobs.reap(session, settings)
+        reaped = reaping.reap(session, settings)
     assert reaped.requeued == [] and reaped.failed == []
     done = row(stores, job_id)
     assert (done.state, done.cancelled_by) == ("cancelled", "alice")
@@ -258,14 +259,14 @@ def test_reaper_rings_again_for_jobs_waiting_too_long(stores: Stores, settings: 
     unprepared = submit(stores, settings, "alpha", prepare=False)
     prepared = submit(stores, settings, "alpha")
     with stores.ops_session() as session:
-        assert jobs.reap(session, settings).prepare_doorbells == []  # not stale yet
+        assert reaping.reap(session, settings).prepare_doorbells == []  # not stale yet
         past = jobs.utcnow() - timedelta(seconds=120)
         session.execute(
             update(Job).values(submitted_at=past, prepared_at=None).where(Job.id == unprepared)
         )
         session.execute(update(Job).values(prepared_at=past).where(Job.id == prepared))
     with stores.ops_session() as session:
-        reaped = jobs.reap(session, settings)
+        reaped = reaping.reap(session, settings)
     assert reaped.prepare_doorbells == [unprepared]
     assert reaped.run_doorbells == ["gpu.cpu"]
 
@@ -291,7 +292,7 @@ def test_finish_without_the_lease_records_nothing(stores: Stores, settings: Sett
     assert lease(stores, settings, "old") == job_id
     expire_lease(stores, job_id)
     with stores.ops_session() as session:
-        jobs.reap(session, settings)
+        reaping.reap(session, settings)
     assert lease(stores, settings, "new") == job_id
     with pytest.raises(jobs.LeaseLost), stores.ops_session() as session:
         jobs.finish(
@@ -352,7 +353,7 @@ def test_queue_summary_counts_depth_and_oldest(stores: Stores, settings: Setting
     submit(stores, settings, "alpha")
     assert lease(stores, settings) == first
     with stores.ops_session() as session:
-        summary = {q["queue"]: q for q in jobs.queues(session, settings)}
+        summary = {q["queue"]: q for q in figures.queues(session, settings)}
         oldest = row(stores, first + 1).submitted_at
     cpu = summary["gpu.cpu"]
     assert (cpu["queued"], cpu["leased"], cpu["running"]) == (2, 1, 0)
@@ -365,6 +366,6 @@ def test_a_long_wait_is_rung_again_at_doubling_intervals_not_every_tick(settings
     # One reaper tick every 10 s over 33 minutes of waiting: rung at 30, 60, 120, 240, 480 s,
     # then every 480 s (16 x stale) so that a missed window never costs hours.
     ticks = [float(t) for t in range(0, 2000, 10)]
-    rung = [t for t in ticks if jobs.doorbell_due(t + 0.5, settings)]
+    rung = [t for t in ticks if reaping.doorbell_due(t + 0.5, settings)]
     assert rung == [30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1440.0, 1920.0]
-    assert not jobs.doorbell_due(29.9, settings)
+    assert not reaping.doorbell_due(29.9, settings)

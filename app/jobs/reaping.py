@@ -1,0 +1,81 @@
+"""The reaper's rules: jobs whose lease lapsed go back to their queue (or fail after their last
+attempt), and lost doorbells are rung again at growing intervals (DESIGN.md, "Recovery")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session
+
+from app.clock import aware, utcnow
+from app.jobs import repository as repo
+from app.jobs.service import get
+from app.settings import Settings
+
+
+@dataclass
+class Reaped:
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    prepare_doorbells: list[int] = field(default_factory=list)
+    run_doorbells: list[str] = field(default_factory=list)  # queues to ring
+
+
+#: Re-ringing backs off from `doorbell_stale_s` up to this many times it (8 min by default).
+DOORBELL_BACKOFF_CAP = 16
+
+
+def doorbell_due(waited_s: float, settings: Settings) -> bool:
+    """Whether the reaper re-rings the doorbell of something waiting `waited_s` seconds.
+
+    At `doorbell_stale_s`, then at 2x, 4x, 8x... that wait (then every 16x): the reaper runs every
+    `reaper_interval_s`, so it sees each window [stale * 2^k, stale * 2^k + interval) about
+    once. A doorbell lost to a broker restart is recovered within one stale period, while a
+    long backlog (the control worker busy with hundreds of jobs) costs each waiting item a
+    few doorbells in all, not one per tick.
+    """
+    stale = settings.doorbell_stale_s
+    if waited_s < stale:
+        return False
+    cap = stale * DOORBELL_BACKOFF_CAP
+    if waited_s >= cap:  # then every `cap` seconds: a missed window never waits for hours
+        return (waited_s - cap) % cap < settings.reaper_interval_s
+    window = stale * 2.0 ** math.floor(math.log2(waited_s / stale))
+    return waited_s - window < settings.reaper_interval_s
+
+
+def reap(session: Session, settings: Settings) -> Reaped:
+    """Return jobs whose lease lapsed to their queue (or fail them after max attempts), and list
+    the doorbells to ring again for jobs that waited too long."""
+    now = utcnow()
+    reaped = Reaped()
+    for lease in repo.expired_leases(session, now):
+        job = get(session, lease.job_id)
+        repo.delete(session, lease)
+        if job.cancel_requested_at is not None:
+            job.state, job.finished_at = "cancelled", now
+        elif job.attempts >= job.max_attempts:
+            job.state, job.finished_at = "failed", now
+            job.error = (
+                f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
+                "stopped heartbeating); giving up after max attempts"
+            )
+            reaped.failed.append(job.id)
+        else:
+            job.state, job.worker, job.started_at = "queued", None, None
+            reaped.requeued.append(job.id)
+    session.flush()
+    stale = repo.stale_before(now, settings.doorbell_stale_s)
+    for job in repo.waiting_without_doorbell(session, stale):
+        if job.prepared_at is None:
+            waited = now - (aware(job.submitted_at) or now)
+            if doorbell_due(waited.total_seconds(), settings):
+                reaped.prepare_doorbells.append(job.id)
+        elif job.queue not in reaped.run_doorbells:
+            reaped.run_doorbells.append(job.queue)
+    for job_id in reaped.requeued:
+        queue = get(session, job_id).queue
+        if queue not in reaped.run_doorbells:
+            reaped.run_doorbells.append(queue)
+    return reaped

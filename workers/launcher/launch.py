@@ -1,0 +1,123 @@
+"""How a job's process is started: its launch spec (venv, entry, cwd, runtime dir, spec), the
+environment it gets, and the spawn that makes it a group of its own that dies with the worker.
+
+Shared by the runner (a cold start) and the parked interpreter (`spare.py`), so that both start
+an interpreter the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.launcher.environment import build_child_env
+from workers.launcher.runtime import RuntimeDir
+from workers.launcher.venv import interpreter_path
+
+#: A dotted module name: what `-m` runs and what a spare may preload.
+ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(RuntimeError):
+    """The job could not be started; nothing was left running."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to launch: one experiment run of a job, as the runner and a spare see it."""
+
+    venv: Path
+    entry: str  # the module run with `-m`
+    cwd: Path
+    runtime: RuntimeDir
+    spec: Mapping[str, Any]
+    cuda_visible_devices: str | None = None
+    pythonpath: Sequence[Path] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    base_env: Mapping[str, str] = field(default_factory=dict)  # the worker's env to filter
+    requirements_hash: str | None = None
+
+    @property
+    def python(self) -> Path:
+        return interpreter_path(self.venv)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.runtime.path / "spec.json"
+
+    @property
+    def result_path(self) -> Path:
+        return self.runtime.path / "result.json"
+
+    def env(self) -> dict[str, str]:
+        """Exactly the environment the job (and its preflight guard) runs with."""
+        return build_child_env(
+            base_env=self.base_env,
+            venv=self.venv,
+            runtime_dir=self.runtime.path,
+            events_path=self.runtime.events_path,
+            result_path=self.result_path,
+            spec_path=self.spec_path,
+            cuda_visible_devices=self.cuda_visible_devices,
+            pythonpath=self.pythonpath,
+            requirements_hash=self.requirements_hash,
+            extra=self.extra_env,
+        )
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl: Callable[..., int] = libc.prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    def setup() -> None:
+        # The job dies with the worker process; a worker that died before this call is
+        # caught by the ppid check (the child was already reparented).
+        if _PRCTL is not None:
+            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os._exit(125)
+
+    return setup
+
+
+def killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def spawn(
+    argv: list[str], cwd: Path, env: dict[str, str], stdin: int, pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
+    # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
+    # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
+    # measured no better (an extra exec), so the job's death with the worker is kept this way.
+    return subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # the child leads its own group: pgid == pid
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+        preexec_fn=_child_setup(os.getpid()),
+    )

@@ -1,0 +1,289 @@
+"""The parked interpreter (`Spare`): a venv's python started ahead of its job.
+
+A worker that runs jobs back to back can start the next job's interpreter ahead of time: the
+venv's python, started with the job environment it will have, parked before any user code
+until it is handed a job. Handing over costs a pipe write instead of a process start (`site`,
+the venv's `.pth` files: 35-70 ms on a GPU worker, idle GPU time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from workers.launcher import runtime
+from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, killpg, spawn
+from workers.launcher.runtime import RuntimeDir
+
+log = logging.getLogger(__name__)
+#: A parked interpreter older than this is not used (nor kept): the next job starts cold.
+SPARE_MAX_IDLE_S = 1800.0
+
+#: What a parked interpreter runs: wait for one line (the job), then become `python -m entry`
+#: exactly as runpy does for `-m` (`__main__`, `sys.argv[0]`, `__spec__`), with the job's own
+#: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
+#: and per-job variables. Its own name is removed from `__main__` before the module runs.
+#: `runpy` (which `-m` imports anyway) and `json` are imported while parked, and so are the
+#: project's `preload` modules (argv; from the venv only: no job path is on `sys.path` yet);
+#: then it says it is ready on a pipe of its own (argv[1]) and waits for its job.
+_PARK = """\
+def _autopilot_park():
+    import json, os, runpy, sys
+    ready, preload = int(sys.argv[1]), sys.argv[2:]
+    del sys.argv[1:]
+    try:
+        for name in preload:
+            __import__(name)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        os._exit(3)
+    os.write(ready, b"R")
+    os.close(ready)
+    line = sys.stdin.buffer.readline()
+    if not line:
+        raise SystemExit(0)
+    go = json.loads(line)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for name in go["unset"]:
+        os.environ.pop(name, None)
+    os.environ.update(go["set"])
+    os.chdir(go["cwd"])
+    sys.path[0:0] = go["path"]
+    del sys.modules["__main__"].__dict__["_autopilot_park"]
+    runpy._run_module_as_main(go["entry"])
+_autopilot_park()
+"""
+
+#: Variables a parked interpreter takes at hand-over. Every other variable must be the same in
+#: the spare and the job, because the interpreter or the loader reads it only at start-up.
+_HANDED_OVER = frozenset(
+    {
+        "PYTHONPATH",
+        "AUTOPILOT_SPEC",
+        "AUTOPILOT_EVENTS",
+        "AUTOPILOT_RESULT",
+        "AUTOPILOT_REQUIREMENTS_HASH",
+    }
+)
+
+
+#: How long a job waits for a spare still importing its preloads before starting cold.
+SPARE_READY_TIMEOUT_S = 60.0
+
+
+def _venv_stamp(venv: Path) -> tuple[int, int]:
+    st = os.stat(os.path.join(os.path.abspath(venv), "pyvenv.cfg"))
+    return st.st_ino, st.st_mtime_ns
+
+
+class Spare:
+    """A venv's interpreter started ahead of its job, parked before any user code.
+
+    Create it from the thread that will run the job (PR_SET_PDEATHSIG follows the spawning
+    thread). It holds its runtime dir, whose paths are in its environment: the job it runs
+    must use that runtime dir. `run_job(job, spare=...)` takes ownership; `close()` kills an
+    unused one (the caller releases the runtime dir).
+    """
+
+    def __init__(
+        self,
+        *,
+        venv: Path,
+        runtime: RuntimeDir,
+        cuda_visible_devices: str | None = None,
+        base_env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        requirements_hash: str | None = None,
+        preload: Sequence[str] = (),
+    ) -> None:
+        bad = [name for name in preload if not ENTRY.match(name)]
+        if bad:
+            raise LaunchError(f"preload {bad[0]!r} is not a dotted module name")
+        self.venv = venv
+        self.runtime = runtime
+        self.preload = tuple(preload)
+        self._stamp = _venv_stamp(venv)
+        template = LaunchSpec(
+            venv=venv,
+            entry="_",
+            cwd=runtime.path,
+            runtime=runtime,
+            spec={},
+            cuda_visible_devices=cuda_visible_devices,
+            extra_env=dict(extra_env or {}),
+            base_env=dict(base_env or {}),
+            requirements_hash=requirements_hash,
+        )
+        self.env = template.env()
+        python = template.python
+        self.started_at = time.monotonic()
+        self._ready = False
+        self._ready_fd, ready_w = os.pipe()
+        try:
+            self.proc: subprocess.Popen[bytes] = spawn(
+                [str(python), "-c", _PARK, str(ready_w), *self.preload],
+                runtime.path,
+                self.env,
+                subprocess.PIPE,
+                pass_fds=(ready_w,),
+            )
+        except OSError as exc:
+            os.close(self._ready_fd)
+            raise LaunchError(f"cannot start a spare {python}: {exc}") from exc
+        finally:
+            os.close(ready_w)
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """None once the spare has imported its preloads and waits for a job; else why not.
+
+        A spare still importing is waited for (it is ahead of a cold start, which would import
+        the same); one whose preload failed has exited without saying it was ready."""
+        if self._ready:
+            return None
+        readable, _, _ = select.select([self._ready_fd], [], [], timeout_s)
+        if not readable:
+            return f"the spare was not ready within {timeout_s:g} s"
+        if os.read(self._ready_fd, 1) != b"R":
+            return f"the spare exited before it was ready ({self.proc.wait()})"
+        self._ready = True
+        return None
+
+    def fits(self, job: LaunchSpec) -> str | None:
+        """None when this spare can run `job`; otherwise why not."""
+        if self.proc.poll() is not None:
+            return f"the spare exited ({self.proc.returncode})"
+        if os.path.abspath(job.venv) != os.path.abspath(self.venv):
+            return "another venv"
+        if job.runtime.path != self.runtime.path:
+            return "another runtime dir"
+        try:
+            if _venv_stamp(job.venv) != self._stamp:
+                return "the venv changed since the spare started"
+        except OSError:
+            return "the venv is gone"
+        wanted = job.env()
+        for name in (set(wanted) | set(self.env)) - _HANDED_OVER:
+            if wanted.get(name) != self.env.get(name):
+                return f"{name} differs (read at interpreter start)"
+        for top in sorted({name.split(".")[0] for name in self.preload}):
+            for entry in job.pythonpath:
+                if (Path(entry) / top).exists() or (Path(entry) / f"{top}.py").exists():
+                    return f"the job's {entry} has its own {top!r}, which the spare preloaded"
+        return self.wait_ready(SPARE_READY_TIMEOUT_S)
+
+    def hand_over(self, job: LaunchSpec) -> subprocess.Popen[bytes]:
+        wanted = job.env()
+        go = {
+            "entry": job.entry,
+            "cwd": os.path.abspath(job.cwd),
+            "path": [p for p in wanted.get("PYTHONPATH", "").split(os.pathsep) if p],
+            "set": {k: v for k, v in wanted.items() if k in _HANDED_OVER},
+            "unset": sorted(k for k in _HANDED_OVER if k not in wanted),
+        }
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(go).encode() + b"\n")
+            self.proc.stdin.close()
+        except OSError as exc:
+            self.close()
+            raise LaunchError(f"cannot hand the job to the spare interpreter: {exc}") from exc
+        return self.proc
+
+    def close(self) -> None:
+        """Kill the spare's group if it never got a job (idempotent)."""
+        if self.proc.returncode is None and self.proc.poll() is None:
+            killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        if self._ready_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._ready_fd)
+            self._ready_fd = -1
+
+
+class SpareSlot:
+    """At most one parked interpreter (`Spare`) per GPU worker, for its next job.
+
+    It is started while a job runs (once the job's user code has begun, so it costs that job
+    nothing at its own start) for the same venv and environment, and handed the next job if
+    that job fits; the GPU then waits for a pipe write instead of an interpreter start. It
+    lives in the worker process across doorbells; all of it runs on the worker's main thread
+    (PR_SET_PDEATHSIG follows the spawning thread, so a spare dies with its worker).
+    """
+
+    def __init__(self) -> None:
+        self.spare: Spare | None = None
+
+    def take(self, *, venv: str, suffix_len: int, preload: tuple[str, ...]) -> Spare | None:
+        """The spare if it can serve a job of this venv, socket budget and preload, else None
+        (closed)."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        if time.monotonic() - spare.started_at > SPARE_MAX_IDLE_S:
+            self._discard(spare)  # parked for long: the venv or its files may have moved on
+            return None
+        if (
+            os.path.abspath(spare.venv) == os.path.abspath(venv)
+            and spare.runtime.suffix_len >= suffix_len
+            and spare.preload == preload
+        ):
+            return spare
+        self._discard(spare)
+        return None
+
+    def prestart(
+        self,
+        *,
+        state_dir: Path,
+        venv: str,
+        suffix_len: int,
+        requirements_hash: str | None,
+        preload: tuple[str, ...],
+        cuda_visible_devices: str | None,
+    ) -> None:
+        if self.spare is not None:
+            return
+        rt: RuntimeDir | None = None
+        try:
+            rt = runtime.allocate_runtime(
+                state_dir=state_dir, env=os.environ, suffix_len=suffix_len
+            )
+            self.spare = Spare(
+                venv=Path(venv),
+                runtime=rt,
+                cuda_visible_devices=cuda_visible_devices,
+                base_env=dict(os.environ),
+                requirements_hash=requirements_hash,
+                preload=preload,
+            )
+        except Exception:  # an optimisation only: the next job starts cold
+            log.warning("could not park an interpreter for the next job", exc_info=True)
+            if rt is not None:
+                with contextlib.suppress(Exception):
+                    runtime.release_runtime(rt)
+
+    def close(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._discard(spare)
+
+    @staticmethod
+    def _discard(spare: Spare) -> None:
+        spare.close()
+        with contextlib.suppress(Exception):
+            runtime.release_runtime(spare.runtime)

@@ -1,0 +1,34 @@
+"""The reaper, run by the control worker on the beat schedule: lapsed leases go back to their
+queue, and lost doorbells (of jobs and of cycles) are rung again."""
+
+from __future__ import annotations
+
+from app import broker
+from app.clock import utcnow
+from app.cycles import service as cycles
+from app.db import Stores
+from app.jobs import reaping
+from app.jobs import service as jobs
+from app.settings import Settings
+
+
+def ring_cycle(settings: Settings, stores: Stores, job_id: int) -> None:
+    """Ring the advance doorbell of the job's cycle, if it has one."""
+    with stores.ops_session() as session:
+        cycle_id = jobs.cycle_of(session, job_id)
+    if cycle_id is not None:
+        broker.ring_advance(settings, cycle_id)
+
+
+def reap(stores: Stores, settings: Settings) -> reaping.Reaped:
+    """Requeue lapsed leases, then ring the doorbells of jobs that waited too long."""
+    with stores.ops_session() as session:
+        reaped = reaping.reap(session, settings)
+        stale_cycles = cycles.stale(session, settings, utcnow())
+    for cycle_id in stale_cycles:
+        broker.ring_advance(settings, cycle_id)
+    for job_id in reaped.prepare_doorbells:
+        broker.ring_prepare(settings, job_id)
+    for queue in reaped.run_doorbells:
+        broker.ring_gpu(settings, queue)
+    return reaped
