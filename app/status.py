@@ -22,11 +22,11 @@ from app.jobs import figures
 from app.jobs import service as jobs
 from app.settings import Settings
 
-# prometheus-client's own multi-process mode: when PROMETHEUSMULTIPROC_DIR names a folder shared
+# prometheus-client's own multi-process mode: when PROMETHEUS_MULTIPROC_DIR names a folder shared
 # by the API and the workers (docker-compose.yml does), each process writes its counts there and
 # /metrics sums them; otherwise the counter is this process's. The folder must exist before the
 # first metric is created, hence here, at import.
-MULTIPROC_DIR = os.environ.get("PROMETHEUSMULTIPROC_DIR")
+MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if MULTIPROC_DIR:
     Path(MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
 

@@ -1,1 +1,1 @@
-"""Research cycles: the project config, the state machine, and the agents that propose."""
+"""Research cycles: triggers, the step machine, review and merge, schedules."""

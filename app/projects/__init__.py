@@ -1,1 +1,1 @@
-"""Operational state: projects, tokens, cycles, jobs, leases. Wipeable without losing knowledge."""
+"""Research projects: their repositories, API tokens and the autopilot.toml they declare."""
