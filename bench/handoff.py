@@ -243,7 +243,7 @@ def _measure(
     n = args.jobs or (15 if args.quick else 50)
     with stores.ops_session() as session:
         project = ops.create_project(session, ProjectCreate(name="handoff", repo_url=str(repo)))
-        cfg = project_config.load_from_repo(str(repo), "main")
+        cfg = project_config.load(repo)
         ids = [
             jobs.submit(session, settings, project, cfg, "sleep", {"sleep_s": args.job_s}).id
             for _ in range(n)

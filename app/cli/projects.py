@@ -10,11 +10,25 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from app.cli.common import describe_fields, echo_json, exit_on_domain_error, fail, open_stores
+from app.cli.common import (
+    describe_fields,
+    echo_json,
+    exit_on_domain_error,
+    fail,
+    load_settings,
+    open_stores,
+)
 from app.errors import AutopilotError
-from app.projects import config as project_config
+from app.forge import service as forge_service
+from app.forge.git import GitWork
 from app.projects import service as ops
-from app.projects.schemas import SCOPES, ProjectCreate, TokenOut
+from app.projects.schemas import (
+    SCOPES,
+    ProjectCreate,
+    TokenOut,
+    check_repo_url,
+    refuse_credentials,
+)
 
 project_app = typer.Typer(help="Research projects.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
@@ -32,7 +46,8 @@ def project_add(
 
     url = str(Path(source).absolute()) if Path(source).exists() else source
     try:
-        cfg = project_config.load_from_repo(url, branch)
+        refuse_credentials(check_repo_url(url))
+        _, cfg = forge_service.config_at_url(GitWork(load_settings()), url, branch)
         data = ProjectCreate(
             name=cfg.project.name,
             repo_url=url,
@@ -41,6 +56,8 @@ def project_add(
         )
     except ValidationError as exc:
         fail("; ".join(describe_fields(exc)))
+    except ValueError as exc:  # the URL itself, before anything is fetched
+        fail(f"repo_url: {exc}")
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     try:

@@ -51,6 +51,12 @@ class Forge(Protocol):
         """The URL cycles fetch from and push their branches to."""
         ...
 
+    def sync_base(self, project: ProjectRef) -> None:
+        """Bring the forge's copy of the base branch up to the project's repository, where the
+        forge keeps a copy of its own (the local forge); a no-op where the repository is the
+        forge (GitHub)."""
+        ...
+
     def open_pull_request(
         self, project: ProjectRef, head: str, base: str, title: str, body: str
     ) -> PullRequest: ...

@@ -23,6 +23,15 @@ class GitFailed(AutopilotError):
     title = "Git command failed"
 
 
+class FetchFailed(GitFailed, Unavailable):
+    """A fetch from the project's repository failed (host down, auth refused): it may pass, so a
+    cycle retries it with backoff before it fails with git's last line."""
+
+    status = 503
+    slug = "fetch-failed"
+    title = "Fetching the repository failed"
+
+
 class BaseBranchMissing(NotFound):
     slug = "base-branch-missing"
     title = "Base branch not found on the remote"

@@ -1,43 +1,44 @@
 """Git work for a cycle: a mirror per project, a worktree and branch per cycle, commits, pushes.
 
-Every git call goes through `GitRunner`: argv lists only (never a shell), user-supplied names
-validated before they reach git and placed after `--end-of-options`, only the transports in
-`ALLOWED_PROTOCOLS`, and credentials stripped from every error. A remote URL is passed per call
-and never written into a repository's config, so no token rests on disk.
+Every git call goes through `gitrunner.GitRunner` (a fixed, safe environment; credentials
+stripped from every error). A remote URL is passed per call and never written into a
+repository's config, so no token rests on disk.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import fcntl
 import logging
 import re
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from git import Git, GitCommandError
 from pydantic import SecretStr
 
 from app.forge import protected
 from app.forge.exceptions import (
     BaseBranchMissing,
+    FetchFailed,
     GitFailed,
     InvalidRef,
     PushFailed,
     PushRejected,
-    TransportNotAllowed,
+)
+from app.forge.gitrunner import (
+    GitRunner,
+    check_branch_name,
+    check_url,
+    last_line,
+    repo_lock,
 )
 from app.projects import schemas as ops_schemas
 from app.settings import Settings, redact_text
 
 log = logging.getLogger(__name__)
 
-# `ext::` and `fd::` run commands; git refuses any transport not listed here (GIT_ALLOW_PROTOCOL).
-ALLOWED_PROTOCOLS = ("file", "git", "http", "https", "ssh")
 REMOTE_PREFIX = "refs/remotes/origin/"
 BRANCH_PREFIX = "autopilot"
 _SHORT_ID = re.compile(r"^[A-Za-z0-9]{1,40}$")
@@ -56,32 +57,6 @@ _REJECTED = (
     "repository not found",
     "does not appear to be a git repository",
 )
-
-
-def check_url(url: str) -> str:
-    """A repository URL git may use: an absolute path or an allowed transport, never `ext::`."""
-    try:
-        return ops_schemas.check_repo_url(url)
-    except ValueError as exc:
-        raise TransportNotAllowed(
-            f"{exc}; got {redact_text(url)[:200]!r}", url=redact_text(url)[:200]
-        ) from None
-
-
-def check_branch_name(name: str) -> str:
-    """A branch name git accepts as-is and cannot read as an option or a range."""
-    if not name or name.startswith("-") or ".." in name or "@{" in name:
-        raise InvalidRef(f"branch name {name!r} is not allowed (empty, leading '-', '..' or '@{{')")
-    if any(ord(c) < 32 or c in " ~^:?*[\\\x7f" for c in name):
-        raise InvalidRef(f"branch name {name!r} contains a character git refs cannot hold")
-    try:
-        # A full ref never starts with '-', so git cannot mistake it for an option.
-        Git().execute(["git", "check-ref-format", f"refs/heads/{name}"])
-    except GitCommandError:
-        raise InvalidRef(
-            f"branch name {name!r} is not a valid git ref (git check-ref-format)"
-        ) from None
-    return name
 
 
 def slugify(text: str, limit: int = 40) -> str:
@@ -106,86 +81,6 @@ def branch_name(project: str, cycle_id: str | int, slug: str) -> str:
     return check_branch_name(f"{BRANCH_PREFIX}/{project}/{short_id(cycle_id)}-{slugify(slug)}")
 
 
-class GitRunner:
-    """Runs git with a fixed, safe environment and turns failures into redacted `GitFailed`."""
-
-    def __init__(
-        self, *, token: SecretStr | None = None, timeout_s: float = 600.0, author: tuple[str, str]
-    ) -> None:
-        self._token = token
-        self._timeout_s = timeout_s
-        self.author = author
-
-    def redact(self, text: str) -> str:
-        text = redact_text(text)
-        if self._token is not None and (secret := self._token.get_secret_value()):
-            text = text.replace(secret, "***")
-            text = text.replace(self._basic(secret), "***")
-        return text
-
-    @staticmethod
-    def _basic(secret: str) -> str:
-        return base64.b64encode(f"x-access-token:{secret}".encode()).decode()
-
-    def env(self, *, url: str | None = None, identity: bool = False) -> dict[str, str]:
-        env = {
-            "GIT_ALLOW_PROTOCOL": ":".join(ALLOWED_PROTOCOLS),
-            "GIT_TERMINAL_PROMPT": "0",
-            "GIT_ASKPASS": "",
-            "SSH_ASKPASS": "",
-            "GIT_SSH_COMMAND": "ssh -o BatchMode=yes",
-        }
-        if identity:
-            name, email = self.author
-            env.update(
-                GIT_AUTHOR_NAME=name,
-                GIT_AUTHOR_EMAIL=email,
-                GIT_COMMITTER_NAME=name,
-                GIT_COMMITTER_EMAIL=email,
-            )
-        token = self._token.get_secret_value() if self._token is not None else ""
-        if token and url is not None and url.startswith("https://"):
-            # The token travels as a header in the environment: not in argv, not in a URL,
-            # not in any config file; git never prints extra headers.
-            env.update(
-                GIT_CONFIG_COUNT="1",
-                GIT_CONFIG_KEY_0="http.extraHeader",
-                GIT_CONFIG_VALUE_0=f"Authorization: Basic {self._basic(token)}",
-            )
-        return env
-
-    def run(
-        self,
-        args: Sequence[str],
-        cwd: Path,
-        *,
-        url: str | None = None,
-        identity: bool = False,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> str:
-        env = self.env(url=url, identity=identity)
-        if extra_env:
-            env.update(extra_env)
-        try:
-            out = Git(str(cwd)).execute(["git", *args], env=env, kill_after_timeout=self._timeout_s)
-        except GitCommandError as exc:
-            stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
-            message = self.redact(stderr.strip().removeprefix("stderr: ").strip("'\n "))
-            command = self.redact(str(args[0]) if args else "")
-            raise GitFailed(
-                f"git {command} failed (exit {exc.status}): {message or 'no message'}",
-                exit_status=exc.status if isinstance(exc.status, int) else None,
-            ) from None
-        return out if isinstance(out, str) else out.decode()
-
-    def ok(self, args: Sequence[str], cwd: Path) -> bool:
-        try:
-            self.run(args, cwd)
-        except GitFailed:
-            return False
-        return True
-
-
 @dataclass(frozen=True)
 class Worktree:
     """A cycle's checkout: its branch, the base it started from, and the project's mirror."""
@@ -196,18 +91,6 @@ class Worktree:
     base: str
     base_sha: str
     mirror: Path
-
-
-@contextlib.contextmanager
-def repo_lock(path: Path) -> Iterator[None]:
-    """One git writer per repository at a time, across processes (fetches and ref updates)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class GitWork:
@@ -257,20 +140,84 @@ class GitWork:
             if "__pycache__/" not in (exclude.read_text() if exclude.exists() else ""):
                 with open(exclude, "a", encoding="utf-8") as handle:
                     handle.write("\n__pycache__/\n*.pyc\n")
-            self.git.run(
-                [
-                    "fetch",
-                    "--quiet",
-                    "--prune",
-                    "--no-tags",
-                    "--end-of-options",
-                    url,
-                    f"+refs/heads/*:{REMOTE_PREFIX}*",
-                ],
-                mirror,
-                url=url,
-            )
+            try:
+                self.git.run(
+                    [
+                        "fetch",
+                        "--quiet",
+                        "--prune",
+                        "--no-tags",
+                        "--end-of-options",
+                        url,
+                        f"+refs/heads/*:{REMOTE_PREFIX}*",
+                    ],
+                    mirror,
+                    url=url,
+                )
+            except GitFailed as exc:
+                raise FetchFailed(
+                    f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
+                ) from None
         return mirror
+
+    def read_remote(self, url: str, branch: str, path: str) -> tuple[str, str | None]:
+        """Read `path` at the tip of `branch` of any repository, before it has a mirror (a
+        project being registered): a shallow fetch into a scratch bare repository."""
+        check_url(url)
+        check_branch_name(branch)
+        self.repos_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".probe-", dir=self.repos_dir))
+        try:
+            self.git.run(["init", "--bare", "--quiet", str(scratch)], self.repos_dir)
+            try:
+                self.git.run(
+                    [
+                        "fetch",
+                        "--quiet",
+                        "--no-tags",
+                        "--depth=1",
+                        "--end-of-options",
+                        url,
+                        f"refs/heads/{branch}",
+                    ],
+                    scratch,
+                    url=url,
+                )
+            except GitFailed as exc:
+                if "couldn't find remote ref" in exc.detail.lower():
+                    raise BaseBranchMissing(
+                        f"branch {branch!r} does not exist on {redact_text(url)[:200]}"
+                    ) from None
+                raise FetchFailed(
+                    f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
+                ) from None
+            sha = self.git.run(["rev-parse", "FETCH_HEAD^{commit}"], scratch)
+            try:
+                return sha, self.git.run(["cat-file", "blob", f"{sha}:{path}"], scratch)
+            except GitFailed:
+                return sha, None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def read_at(self, project: str, url: str, branch: str, path: str) -> tuple[str, str | None]:
+        """Fetch the project's mirror from `url`, then read `path` at the tip of `branch`:
+        (the commit, the file's text or None where that commit has no such file)."""
+        check_branch_name(branch)
+        mirror = self.fetch(project, url)
+        try:
+            sha = self.git.run(
+                ["rev-parse", "--verify", "--quiet", f"{REMOTE_PREFIX}{branch}^{{commit}}"], mirror
+            )
+        except GitFailed:
+            raise BaseBranchMissing(
+                f"branch {branch!r} does not exist on the project's repository "
+                f"{redact_text(url)[:200]}; check the project's default_branch"
+            ) from None
+        try:
+            text = self.git.run(["cat-file", "blob", f"{sha}:{path}"], mirror)
+        except GitFailed:
+            return sha, None
+        return sha, text
 
     def remote_head(self, url: str, branch: str) -> str | None:
         """The commit a branch points at on the remote now, or None if it does not exist."""

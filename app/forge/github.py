@@ -34,7 +34,7 @@ from app.forge.exceptions import (
     PullRequestNotFound,
     PullRequestNotOpen,
 )
-from app.forge.git import check_branch_name, check_url
+from app.forge.gitrunner import check_branch_name, check_url
 from app.settings import Settings, redact_text
 
 T = TypeVar("T")
@@ -238,6 +238,9 @@ class GitHubForge:
 
     def remote_url(self, project: ProjectRef) -> str:
         return check_url(project.repo_url)
+
+    def sync_base(self, project: ProjectRef) -> None:
+        return None  # the project's repository is the forge: nothing to copy
 
     def open_pull_request(
         self, project: ProjectRef, head: str, base: str, title: str, body: str

@@ -7,6 +7,7 @@ the forge interface is the same as GitHub's, an outside effect the cycle calls b
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ from app.db import Stores
 from app.forge import repository
 from app.forge.base import ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
+    FetchFailed,
     GitFailed,
     HeadMoved,
     InvalidRef,
@@ -25,10 +27,12 @@ from app.forge.exceptions import (
     PullRequestNotFound,
     PullRequestNotOpen,
 )
-from app.forge.git import GitRunner, check_branch_name, check_url, repo_lock
+from app.forge.gitrunner import GitRunner, check_branch_name, check_url, last_line, repo_lock
 from app.forge.models import PullRequestComment, PullRequestRecord
 from app.projects import schemas as ops_schemas
-from app.settings import Settings
+from app.settings import Settings, redact_text
+
+log = logging.getLogger(__name__)
 
 
 def _to_pull_request(row: PullRequestRecord, url: str) -> PullRequest:
@@ -92,6 +96,33 @@ class LocalForge:
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
         return str(bare)
+
+    def sync_base(self, project: ProjectRef) -> None:
+        """Fast-forward the forge's base branch to the project's repository: upstream commits
+        reach the next cycle, while a base that moved here (a merged PR) is kept as it is."""
+        bare = Path(self.remote_url(project))
+        branch = check_branch_name(project.default_branch)
+        with repo_lock(bare):
+            try:
+                self.git.run(
+                    [
+                        "fetch",
+                        "--quiet",
+                        "--no-tags",
+                        "--end-of-options",
+                        project.repo_url,
+                        f"refs/heads/{branch}:refs/heads/{branch}",
+                    ],
+                    bare,
+                    url=project.repo_url,
+                )
+            except GitFailed as exc:
+                if "non-fast-forward" in exc.detail or "[rejected]" in exc.detail:
+                    log.info("forge base of %s is ahead of its repository: kept", project.name)
+                    return
+                raise FetchFailed(
+                    f"cannot fetch {redact_text(project.repo_url)[:200]}: {last_line(exc.detail)}"
+                ) from None
 
     def _sha(self, bare: Path, branch: str) -> str | None:
         try:

@@ -15,6 +15,8 @@ from app.forge import report
 from app.forge.base import Forge, ProjectRef, PullRequest
 from app.forge.exceptions import BaseBranchMissing, MergeConflict, PullRequestNotOpen
 from app.forge.git import GitWork, Worktree
+from app.projects import config as project_config
+from app.projects.config import CONFIG_FILE, ConfigError, ProjectConfig
 from app.settings import Settings
 
 # (pull request, new base sha) -> (verdict holds, reason). The queue's implementation runs the
@@ -31,6 +33,36 @@ def forge_for(settings: Settings, stores: Stores, **options: Any) -> Forge:
     from app.forge.local import LocalForge
 
     return LocalForge(settings, stores)
+
+
+def config_at_base(
+    git_work: GitWork, forge: Forge, project: ProjectRef
+) -> tuple[str, ProjectConfig]:
+    """The commit a cycle starts from (the tip of the project's base branch on the forge,
+    brought up to the project's repository first) and the `autopilot.toml` at that commit.
+
+    A fetch that fails raises FetchFailed (transient); a commit without the file, ConfigError
+    naming the file and the commit."""
+    forge.sync_base(project)
+    sha, text = git_work.read_at(
+        project.name, forge.remote_url(project), project.default_branch, CONFIG_FILE
+    )
+    return sha, _parse_at(sha, project.default_branch, text)
+
+
+def config_at_url(git_work: GitWork, url: str, branch: str) -> tuple[str, ProjectConfig]:
+    """`autopilot.toml` at the tip of `branch` of a repository not registered yet."""
+    sha, text = git_work.read_remote(url, branch, CONFIG_FILE)
+    return sha, _parse_at(sha, branch, text)
+
+
+def _parse_at(sha: str, branch: str, text: str | None) -> ProjectConfig:
+    if text is None:
+        raise ConfigError(
+            f"{CONFIG_FILE}: missing at commit {sha[:12]} of branch {branch!r}; "
+            f"a research repository needs {CONFIG_FILE} at its root"
+        )
+    return project_config.parse(text, f"{CONFIG_FILE} at commit {sha[:12]}")
 
 
 def _allowed(cycle_id: str) -> list[str]:

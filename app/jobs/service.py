@@ -18,10 +18,12 @@ from app import broker
 from app.clock import aware, utcnow
 from app.db import Stores
 from app.errors import Conflict, InvalidInput, NotFound
+from app.forge import service as forge_service
+from app.forge.base import ProjectRef
+from app.forge.git import GitWork
 from app.jobs import repository as repo
 from app.jobs.models import FINISHED, Job, Lease, Worker
 from app.jobs.schemas import JobOut
-from app.projects import config as project_config
 from app.projects import service as ops
 from app.projects import service as projects
 from app.projects.config import ProjectConfig
@@ -432,7 +434,9 @@ def submit_and_ring(
     committed, ring the prepare doorbell: a rolled-back submit rings nothing."""
     with stores.ops_session() as session:
         row = ops.get_project(session, project)
-        config = project_config.load_from_repo(row.repo_url, row.default_branch)
+        ref = ProjectRef.of(row)
+        forge = forge_service.forge_for(settings, stores)
+        _, config = forge_service.config_at_base(GitWork(settings), forge, ref)
         job = submit(session, settings, row, config, experiment, parameters, queue=queue)
         out = JobOut.model_validate(job)
     try:

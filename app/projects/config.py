@@ -205,23 +205,3 @@ def load(repo_dir: Path) -> ProjectConfig:
     except FileNotFoundError:
         raise ConfigError(f"{path}: missing; a research repository needs {CONFIG_FILE}") from None
     return parse(text, str(path))
-
-
-def load_from_repo(repo_url: str, ref: str) -> ProjectConfig:
-    """Read `autopilot.toml` at `ref` of a local repository without checking it out."""
-    import git
-
-    path = repo_url.removeprefix("file://")
-    if not path.startswith("/"):
-        raise ConfigError(
-            f"cannot read {CONFIG_FILE} of {repo_url}: only local repositories are read "
-            "directly; register the project by its path or file:// URL"
-        )
-    try:
-        text = git.Repo(path).git.show(f"{ref}:{CONFIG_FILE}")
-    except (git.GitError, OSError) as exc:
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            f"cannot read {CONFIG_FILE} at {ref} of the project repository: {first[:200]}"
-        ) from None
-    return parse(text, f"{CONFIG_FILE}@{ref}")

@@ -36,6 +36,23 @@ def check_repo_url(value: str) -> str:
     )
 
 
+def refuse_credentials(url: str) -> str:
+    """A registered repository URL is shown to every token holder and kept in git configs and
+    logs: it may name an SSH user, never carry a secret."""
+    scheme, _, rest = url.partition("://")
+    authority = rest.split("/", 1)[0]
+    if not rest or "@" not in authority:
+        return url
+    userinfo = authority.rsplit("@", 1)[0]
+    if scheme == "ssh" and ":" not in userinfo:
+        return url  # ssh://git@host/...: a login name, the key stays in the SSH agent
+    raise ValueError(
+        "repo_url must not carry credentials (user:password@ or token@ in the URL); register "
+        "the plain URL and give git its credentials on the control host instead: "
+        "AUTOPILOT_GITHUB_TOKEN for GitHub, a git credential helper, or an SSH key"
+    )
+
+
 class ProjectCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,7 +75,7 @@ class ProjectCreate(BaseModel):
     @field_validator("repo_url")
     @classmethod
     def _repo_url(cls, value: str) -> str:
-        return check_repo_url(value)
+        return refuse_credentials(check_repo_url(value))
 
     @field_validator("default_branch")
     @classmethod

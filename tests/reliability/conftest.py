@@ -116,7 +116,7 @@ def ensure_project(stores: Stores, repo: Path, **budget: Any) -> int:
 def submit(stores: Stores, settings: Settings, repo: Path, **params: Any) -> int:
     """A standalone job of the probe experiment, through the service, then its doorbell."""
     ensure_project(stores, repo)
-    cfg = project_config.load_from_repo(str(repo), "main")
+    cfg = project_config.load(repo)
     with stores.ops_session() as session:
         project = ops.get_project(session, repo.name)
         job_id = jobs.submit(session, settings, project, cfg, "probe", dict(params)).id

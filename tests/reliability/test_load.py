@@ -74,7 +74,7 @@ def test_jobs_queued_against_two_gpu_workers(
     capped_repo, free_repo = make_repo(tmp_path, "load-capped"), make_repo(tmp_path, "load-free")
     capped_id = ensure_project(stores, capped_repo, budget_concurrent_gpus=1)
     ensure_project(stores, free_repo)
-    cfg = {r.name: project_config.load_from_repo(str(r), "main") for r in (capped_repo, free_repo)}
+    cfg = {r.name: project_config.load(r) for r in (capped_repo, free_repo)}
 
     workers.start("control", "control", "--beat")
     workers.start("gpu0", "gpu", "--kind", "cpu", "--device", "0")

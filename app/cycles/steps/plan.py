@@ -8,13 +8,14 @@ from typing import Any
 
 from app.agents import service as agents
 from app.cycles import repository, service
+from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
+from app.forge.exceptions import FetchFailed
 from app.forge.git import GitWork, Worktree
 from app.jobs import service as jobs
 from app.memory import service as memory
-from app.projects import config as project_config
 from app.projects.config import ProjectConfig
 
 
@@ -36,7 +37,11 @@ class Plan(Step):
                 cycle = service.get(session, cycle_id)
                 repository.set_state(session, cycle, "deferred_budget", error=blocked)
             return True
-        config = project_config.load_from_repo(ref.repo_url, ref.default_branch)
+        forge = forge_service.forge_for(self.settings, self.stores)
+        try:
+            _, config = forge_service.config_at_base(self.git(), forge, ref)
+        except FetchFailed as exc:
+            raise Transient(exc.detail) from exc
         with self.stores.memory_session() as msession:
             related = [
                 {"id": f.id, "kind": f.kind, "statement": f.statement}

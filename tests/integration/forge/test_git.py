@@ -18,7 +18,8 @@ from app.forge.exceptions import (
     PushRejected,
     TransportNotAllowed,
 )
-from app.forge.git import GitRunner, GitWork
+from app.forge.git import GitWork
+from app.forge.gitrunner import GitRunner
 from tests.integration.forge.gitrepo import commit_to, git, make_origin, plain_settings
 
 RESULTS = ["results/c0ffee01/"]

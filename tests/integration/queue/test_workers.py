@@ -26,7 +26,7 @@ def submit(stores: Stores, workers: Workers, repo: Path, **params: object) -> in
             if _exists(session, repo.name)
             else ops.create_project(session, ProjectCreate(name=repo.name, repo_url=str(repo)))
         )
-        cfg = project_config.load_from_repo(str(repo), "main")
+        cfg = project_config.load(repo)
         job_id = jobs.submit(session, settings, project, cfg, "probe", dict(params)).id
     broker.ring_prepare(settings, job_id)
     return job_id
