@@ -205,7 +205,7 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
     for error in exc.errors():
         field = ".".join(str(p) for p in error["loc"]) or "settings"
         given = error.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {str(given)[:60]!r})"
+        shown = "" if isinstance(given, dict) else f" (got {redact_text(str(given))[:60]!r})"
         message = error["msg"].removeprefix("Value error, ")
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message}{shown}")
     return lines
