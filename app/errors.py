@@ -23,6 +23,10 @@ class AutopilotError(Exception):
         self.detail = detail
         self.extra = extra
 
+    def headers(self) -> dict[str, str] | None:
+        """Response headers this error needs (a 401 names how to authenticate)."""
+        return None
+
     @property
     def type(self) -> str:
         return PROBLEM_BASE + self.slug
@@ -62,6 +66,11 @@ class Unauthorized(AutopilotError):
     status = 401
     slug = "unauthorized"
     title = "Unauthorized"
+    # The WWW-Authenticate challenge: the REST API takes a bearer token.
+    challenge = "Bearer"
+
+    def headers(self) -> dict[str, str] | None:
+        return {"WWW-Authenticate": self.challenge}
 
 
 class Forbidden(AutopilotError):

@@ -41,7 +41,12 @@ def log_context(**ids: Any) -> Iterator[None]:
 def secret_values(settings: Settings) -> list[str]:
     """The values no log line may show: tokens, the session secret, the passwords in the URLs."""
     found: set[str] = set()
-    for secret in (settings.github_token, settings.session_secret):
+    for secret in (
+        settings.github_token,
+        settings.github_app_private_key,
+        settings.session_secret,
+        settings.control_token,
+    ):
         if secret is not None and secret.get_secret_value():
             found.add(secret.get_secret_value())
     for url in (settings.memory_database_url, settings.ops_database_url, settings.broker_url):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -43,6 +43,14 @@ class Settings(BaseSettings):
     github_app_installation_id: int | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
+    control_url: str = Field(
+        default="",
+        description="The API's base URL as other hosts reach it (GPU hosts fetch the local "
+        "forge from <control_url>/git/<project>.git); default: http://<host>:<port>.",
+    )
+    control_token: SecretStr | None = Field(
+        default=None, description="A GPU host's token (scope worker) for the control host's API."
+    )
     session_secret: SecretStr | None = Field(
         default=None, description="Signs dashboard cookies; generated in the state dir if unset."
     )
@@ -85,6 +93,28 @@ class Settings(BaseSettings):
     venv_root: Path | None = Field(
         default=None, description="Where project venvs are built; default: the state dir."
     )
+
+    @field_validator("control_url")
+    @classmethod
+    def _control_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value:
+            return value  # filled in from host and port below
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("expected the API's base URL, e.g. http://control.lab:8000")
+        if parts.username or parts.password:
+            raise ValueError("must not hold credentials; the token is AUTOPILOT_CONTROL_TOKEN")
+        return value
+
+    @model_validator(mode="after")
+    def _default_control_url(self) -> Settings:
+        if not self.control_url:
+            # A bind-all address is no address to reach: the API on this machine is loopback.
+            host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
+            host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
+            self.control_url = f"http://{host}:{self.port}"
+        return self
 
     @field_validator("memory_url", "ops_url")
     @classmethod
@@ -175,7 +205,7 @@ def describe_validation_error(exc: ValidationError) -> list[str]:
     for error in exc.errors():
         field = ".".join(str(p) for p in error["loc"]) or "settings"
         given = error.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {str(given)[:60]!r})"
+        shown = "" if isinstance(given, dict) else f" (got {redact_text(str(given))[:60]!r})"
         message = error["msg"].removeprefix("Value error, ")
         lines.append(f"{ENV_PREFIX}{field.upper()}: {message}{shown}")
     return lines

@@ -67,11 +67,14 @@ def current_token(request: Request, stores: StoresDep) -> ApiToken:
 
 
 def require(scope: str | None) -> Callable[[ApiToken], ApiToken]:
-    """A dependency that admits any valid token (scope None) or one holding `scope`."""
+    """A dependency that admits any reading token (scope None: any scope but `worker` alone)
+    or one holding `scope`."""
 
     def check(token: Annotated[ApiToken, Depends(current_token)]) -> ApiToken:
         if scope is not None:
             ops.require_scope(token, scope)
+        else:
+            ops.require_reader(token)
         return token
 
     check.__name__ = f"require_{scope or 'token'}"

@@ -15,6 +15,7 @@ from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
 from app.db import Stores
+from app.forge.http import router as forge_http_router
 from app.jobs.router import router as jobs_router
 from app.memory.router import router as memory_router
 from app.projects.router import router as projects_router
@@ -62,4 +63,5 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api.include_router(autopilot_router)
     app.include_router(api)
     app.include_router(dashboard_router)  # /dashboard/*, and / redirects there
+    app.include_router(forge_http_router)  # /git/<project>.git/*: the local forge, read-only
     return app

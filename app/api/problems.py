@@ -24,8 +24,7 @@ def problem_response(body: dict[str, Any], headers: dict[str, str] | None = None
 
 def _domain(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AutopilotError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return problem_response(exc.problem(request.url.path), headers)
+    return problem_response(exc.problem(request.url.path), exc.headers())
 
 
 def _validation(request: Request, exc: Exception) -> JSONResponse:

@@ -22,6 +22,7 @@ from fastapi import Request, Response
 
 from app.api.deps import get_settings
 from app.db import Stores
+from app.errors import Forbidden, Unauthorized
 from app.projects import service as ops
 from app.projects.models import ApiToken
 from app.settings import Settings
@@ -113,6 +114,10 @@ def login(stores: Stores, request: Request, response: Response, token_text: str)
     """Check the API token and set the session cookie; Unauthorized if the token is not live."""
     with stores.ops_session() as session:
         token = ops.authenticate(session, token_text.strip() or None)
+        try:
+            ops.require_reader(token)  # a GPU host's worker token does not sign in
+        except Forbidden as exc:
+            raise Unauthorized(exc.detail) from None
         csrf = secrets.token_urlsafe(24)
         payload = {
             "tid": token.id,

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from app.errors import AutopilotError, Conflict, InvalidInput, NotFound, Unavailable
+from app.errors import (
+    AutopilotError,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
 
 
 class InvalidRef(InvalidInput):
@@ -91,3 +99,27 @@ class ForgeRejected(AutopilotError):
 class ForgeUnavailable(Unavailable):
     slug = "forge-unavailable"
     title = "The forge is unavailable"
+
+
+class ForgeRepositoryNotFound(NotFound):
+    slug = "forge-repository-not-found"
+    title = "No such repository on the forge"
+
+
+class ForgeReadOnly(Forbidden):
+    slug = "forge-read-only"
+    title = "The forge is read-only over HTTP"
+
+
+class ForgeCredentialsNeeded(Unauthorized):
+    """A git client asks for credentials on a Basic challenge (a credential helper answers)."""
+
+    challenge = 'Basic realm="autopilot"'
+
+
+class ForgeBackendFailed(AutopilotError):
+    """`git http-backend` ended without a response; the detail holds its redacted stderr."""
+
+    status = 502
+    slug = "forge-backend-failed"
+    title = "The git HTTP backend failed"

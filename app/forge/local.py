@@ -34,6 +34,9 @@ from app.settings import Settings, redact_text
 
 log = logging.getLogger(__name__)
 
+# Where the API serves the forge's repositories: <control url>/git/<project>.git
+HTTP_PREFIX = "/git"
+
 
 def _to_pull_request(row: PullRequestRecord, url: str) -> PullRequest:
     state: PullRequestState = row.state  # type: ignore[assignment]
@@ -68,6 +71,12 @@ class LocalForge:
         except ValueError as exc:
             raise InvalidRef(str(exc)) from None
         return self.root / f"{project.name}.git"
+
+    def http_url(self, project: ProjectRef, control_url: str) -> str:
+        """The repository as git's smart HTTP serves it from the API (app/forge/http.py): what
+        a GPU host fetches with its worker token, e.g. `http://control:8000/git/spectral.git`."""
+        self.bare_path(project)  # the same slug check: nothing else reaches a URL path
+        return f"{control_url.rstrip('/')}{HTTP_PREFIX}/{project.name}.git"
 
     def remote_url(self, project: ProjectRef) -> str:
         """The bare repository, seeded once from the project's repo_url."""

@@ -10,8 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 SLUG_FORM = "a slug: lower-case letters, digits, '.', '_' or '-', starting with a letter or digit, at most 64 characters"  # noqa: E501
-Scope = Literal["trigger", "review", "admin"]
-SCOPES: tuple[Scope, ...] = ("trigger", "review", "admin")
+Scope = Literal["trigger", "review", "admin", "worker"]
+SCOPES: tuple[Scope, ...] = ("trigger", "review", "admin", "worker")
+# A GPU host's token: it fetches from the forge over HTTP (and, later, reads its jobs); it
+# reads nothing else, so a token holding only this scope is refused by the other routes.
+WORKER_SCOPES: frozenset[str] = frozenset({"worker"})
 # Transports git may use for a project's repository. `ext::` and `fd::` run commands; never.
 ALLOWED_URL_SCHEMES = ("https://", "http://", "ssh://", "git://", "file://")
 _SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")

@@ -15,7 +15,7 @@ from app.errors import Forbidden, InvalidInput, Unauthorized
 from app.projects import repository
 from app.projects.exceptions import ProjectExists, ProjectNotFound, TokenExists, TokenNotFound
 from app.projects.models import ApiToken, Project
-from app.projects.schemas import SCOPES, ProjectCreate, check_slug
+from app.projects.schemas import SCOPES, WORKER_SCOPES, ProjectCreate, check_slug
 
 TOKEN_PREFIX = "ap_"  # noqa: S105 - a prefix, not a secret
 
@@ -135,6 +135,15 @@ def require_scope(token: ApiToken, scope: str) -> None:
     """`admin` holds every scope; otherwise the token must carry the scope itself."""
     if scope not in token.scopes and "admin" not in token.scopes:
         raise Forbidden(f"this action needs scope {scope!r}; the token has {token.scopes}")
+
+
+def require_reader(token: ApiToken) -> None:
+    """Any scope but `worker` reads the API; a GPU host's worker token reads only the forge."""
+    if set(token.scopes) <= WORKER_SCOPES:
+        raise Forbidden(
+            f"a token with scopes {token.scopes} may only fetch from the forge over HTTP; "
+            "use a token with scope trigger, review or admin"
+        )
 
 
 # -- asked by cycles ----

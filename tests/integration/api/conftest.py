@@ -21,10 +21,10 @@ def client(settings: Settings, stores: Stores) -> Iterator[TestClient]:
 
 @pytest.fixture
 def tokens(stores: Stores) -> dict[str, str]:
-    """A live token per scope, one with no useful scope for reads, and a revoked one."""
+    """A live token per scope (worker: forge reads only), and a revoked one."""
     made: dict[str, str] = {}
     with stores.ops_session() as session:
-        for scope in ("trigger", "review", "admin"):
+        for scope in ("trigger", "review", "admin", "worker"):
             made[scope] = ops.create_token(session, f"t-{scope}", [scope])[1]
         made["revoked"] = ops.create_token(session, "t-revoked", ["admin"])[1]
         ops.revoke_token(session, "t-revoked")

@@ -84,3 +84,11 @@ def test_wrong_scope_is_403(client: TestClient, tokens: dict[str, str]) -> None:
         response = client.request(method, concrete(path), headers=bearer(tokens[wrong]), json={})
         assert response.status_code == 403, (method, path)
         assert scope in response.json()["detail"]
+
+
+def test_worker_token_is_403_on_every_route(client: TestClient, tokens: dict[str, str]) -> None:
+    """A GPU host's token fetches from the forge over HTTP and reads nothing of the API."""
+    for method, path in api_routes(client):
+        response = client.request(method, concrete(path), headers=bearer(tokens["worker"]), json={})
+        assert response.status_code == 403, (method, path)
+        assert response.headers["content-type"] == "application/problem+json"

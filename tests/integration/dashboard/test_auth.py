@@ -166,3 +166,16 @@ def test_configured_secret_is_used_and_nothing_is_written(
     with TestClient(build_app(other, stores)) as client:
         client.cookies.set("autopilot_session", cookie or "", path="/dashboard")
         assert client.get("/dashboard/", follow_redirects=False).status_code == 303
+
+
+def test_a_worker_token_does_not_sign_in(client: TestClient, stores: Stores) -> None:
+    """A GPU host's token (scope worker) fetches from the forge; it is no dashboard login."""
+    with stores.ops_session() as session:
+        worker = ops.create_token(session, "gpu-1", ["worker"])[1]
+    form = client.get("/dashboard/login")
+    refused = client.post(
+        "/dashboard/login", data={"token": worker, "csrf_token": csrf_of(form.text)}
+    )
+    assert refused.status_code == 401
+    assert "autopilot_session" not in refused.headers.get("set-cookie", "")
+    assert client.get("/dashboard/", follow_redirects=False).status_code == 303

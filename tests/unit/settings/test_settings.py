@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from app.logs import secret_values
 from app.settings import Settings, describe_validation_error, redact_text, redact_url
 
 
@@ -55,12 +56,40 @@ def test_redaction_hides_every_secret() -> None:
         ops_url="postgresql+psycopg://ops:s3cret-pw@db:5432/ops",
         broker_url="redis://:hunter2-redis@cache:6379/0",
         github_token="ghp_supersecrettoken",
+        control_token="ap_worker-secret-token",
     )
     shown = repr(settings.redacted())
-    for secret in ("s3cret-pw", "hunter2-redis", "ghp_supersecrettoken"):
+    for secret in ("s3cret-pw", "hunter2-redis", "ghp_supersecrettoken", "ap_worker-secret-token"):
         assert secret not in shown
     assert settings.redacted()["ops_url"] == "postgresql+psycopg://ops:***@db:5432/ops"
     assert settings.redacted()["github_token"] == "**********"
+    assert settings.redacted()["control_token"] == "**********"
+    assert "ap_worker-secret-token" in secret_values(settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "http://127.0.0.1:8000"),
+        ({"host": "10.0.0.5", "port": "9000"}, "http://10.0.0.5:9000"),
+        ({"host": "0.0.0.0"}, "http://127.0.0.1:8000"),  # noqa: S104 - a bind address
+        ({"host": "::1"}, "http://[::1]:8000"),
+        ({"control_url": "https://control.lab.example/"}, "https://control.lab.example"),
+    ],
+)
+def test_control_url_defaults_to_host_and_port(env: dict[str, str], expected: str) -> None:
+    assert make(**env).control_url == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["ftp://control:21", "control.lab:8000", "http://worker:ap_tok@control:8000"]
+)
+def test_control_url_must_be_a_plain_http_url(value: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        make(control_url=value)
+    (line,) = describe_validation_error(caught.value)
+    assert line.startswith("AUTOPILOT_CONTROL_URL:")
+    assert "ap_tok" not in line
 
 
 def test_redact_url_and_text() -> None:
