@@ -17,7 +17,6 @@ from kombu import Queue  # type: ignore[attr-defined]
 
 from app.settings import Settings
 
-PREPARE_JOB = "autopilot.prepare_job"
 RUN_JOBS = "autopilot.run_jobs"
 REAP = "autopilot.reap"
 ADVANCE_CYCLE = "autopilot.advance_cycle"
@@ -59,10 +58,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         **extra,
-        "task_queues": [Queue("control"), Queue("prepare"), *gpu_queues],
+        "task_queues": [Queue("control"), *gpu_queues],
         "task_default_queue": "control",
         "task_routes": {
-            PREPARE_JOB: {"queue": "prepare"},
             REAP: {"queue": "control"},
             ADVANCE_CYCLE: {"queue": "control"},
             MERGE_CYCLE: {"queue": "control"},
@@ -132,13 +130,8 @@ def client(settings: Settings) -> Celery:
     return _client(settings.model_dump_json())
 
 
-def ring_prepare(settings: Settings, job_id: int) -> None:
-    client(settings).send_task(
-        PREPARE_JOB, args=[job_id], queue="prepare", expires=DOORBELL_EXPIRES_S
-    )
-
-
 def ring_gpu(settings: Settings, queue: str) -> None:
+    """Work for `queue`: a GPU worker of that kind prepares it on its host, then runs it."""
     client(settings).send_task(RUN_JOBS, args=[queue], queue=queue, expires=DOORBELL_EXPIRES_S)
 
 

@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         default=True,
         description="While a job runs, park the next job's interpreter (saves its start-up).",
     )
+    prepare_ahead: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Jobs a GPU host keeps prepared (export, venv, guard) while its GPU runs one.",
+    )
     reaper_interval_s: float = Field(default=10.0, gt=0)
     schedule_tick_s: float = Field(
         default=60.0, gt=0, description="How often beat checks schedules."

@@ -57,6 +57,7 @@ from app.projects import config as project_config
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
+from workers import prepare
 
 GAP_MARGIN_S = 0.050
 DUTY_GOAL = 0.95
@@ -223,7 +224,7 @@ def _measure(
         import redis
 
         client = redis.Redis.from_url(settings.broker_url)
-        for queue in ("control", "prepare", "gpu.cpu", NOOP_QUEUE):
+        for queue in ("control", "gpu.cpu", NOOP_QUEUE):
             client.delete(queue)  # leftovers of an earlier run are not this run's doorbells
     repo = make_probe_repo(work, "handoff", "hbench", USER_MODULE, CONFIG, "handoff bench")
     services.cli("control", "worker", "control", "--loglevel", "WARNING")
@@ -248,8 +249,9 @@ def _measure(
             jobs.submit(session, settings, project, cfg, "sleep", {"sleep_s": args.job_s}).id
             for _ in range(n)
         ]
-    for job_id in ids:
-        broker.ring_prepare(settings, job_id)
+    # Prepared on this host (the GPU worker's, same state dir), as its preparer would while a
+    # GPU runs: the gap measured is the handoff between prepared jobs, not the preparation.
+    prepare.prepare_ahead(stores, settings, "gpu.cpu", want=n)
 
     def prepared() -> bool:
         with stores.ops_session() as session:

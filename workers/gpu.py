@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from app import broker
 from app.db import Stores
 from app.errors import InvalidInput
-from app.jobs import paths
+from app.jobs import paths, preparation
 from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
@@ -37,7 +37,7 @@ from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import SpareSlot
 
 if TYPE_CHECKING:
-    from app.jobs.models import Job
+    from app.jobs.models import Job, JobPreparation
 
 log = logging.getLogger(__name__)
 CLEANUP_BATCH = 8
@@ -81,6 +81,8 @@ class RunLoop:
     pending_cleanup: list[runtime.RuntimeDir] = field(default_factory=list)
     #: The worker's parked interpreter; None runs every job cold (in-process callers).
     spares: SpareSlot | None = None
+    #: Prepares this host's next jobs while the GPU runs one; None prepares only when idle.
+    preparer: Preparer | None = None
     #: Launch settings read for the job in line and the job running (by source, experiment).
     _launches: dict[tuple[str, str], prepare.LaunchSettings] = field(default_factory=dict)
 
@@ -98,6 +100,10 @@ class RunLoop:
                 finished, done = done, None
                 ticket = self._settle_and_lease(finished)
                 if ticket is None:
+                    # Nothing is ready on this host: the GPU is idle anyway, so prepare the
+                    # first job in line here now (another host may have prepared it already).
+                    if prepare.prepare_ahead(self.stores, self.settings, self.me.queue, want=1):
+                        continue
                     break
                 if len(self.pending_cleanup) >= CLEANUP_BATCH:
                     # Off the GPU's path and after the outcomes are stored: a slow removal
@@ -169,8 +175,9 @@ class RunLoop:
     ) -> tuple[Ticket, prepare.LaunchSettings]:
         try:
             with self.stores.ops_session() as session:
-                job = jobs.first_waiting(session, self.me.queue)
-                ticket = Ticket.of(job) if job is not None and job.venv_path else None
+                job = jobs.first_waiting(session, self.me.queue, self.me.host)
+                ready = preparation.preparation_on(session, job.id, self.me.host) if job else None
+                ticket = Ticket.of(job, ready) if job is not None and ready is not None else None
             if ticket is not None:
                 return ticket, self._launch(ticket)
         except Exception:  # a hint only
@@ -284,6 +291,8 @@ class RunLoop:
         def on_event(event: dict[str, Any]) -> None:
             kind = event.get("type")
             if kind == "started":
+                if self.preparer is not None:
+                    self.preparer.kick()  # the job's start is behind it: prepare what follows
                 now = time.time()
                 at = first_line_time(event.get("at"), lower=beat.spawned_at, upper=now)
                 with self.stores.ops_session() as session:
@@ -378,15 +387,55 @@ class Ticket:
     time_limit_s: float
 
     @classmethod
-    def of(cls, job: Job) -> Ticket:
+    def of(cls, job: Job, prepared: JobPreparation | None = None) -> Ticket:
+        """The leased job (its row holds where it runs), or one waiting with this host's
+        preparation of it."""
+        where = prepared or job
         return cls(
             job_id=job.id,
             experiment=str(job.experiment),
-            workdir=str(job.workdir),
-            venv=str(job.venv_path),
+            workdir=str(where.workdir),
+            venv=str(where.venv_path),
             spec=dict(job.spec),
             time_limit_s=job.time_limit_s,
         )
+
+
+class Preparer:
+    """A GPU worker's background preparer: kicked when a job starts, it prepares this host's
+    next jobs (up to `prepare_ahead` ready) while the GPU runs, so the next lease finds its
+    export and venv in place (DESIGN.md, lesson 3)."""
+
+    def __init__(self, stores: Stores, settings: Settings, queue: str) -> None:
+        self.stores, self.settings, self.queue = stores, settings, queue
+        self._kicked = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def kick(self) -> None:
+        if self.settings.prepare_ahead <= 0 or self._closed:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="preparer", daemon=True)
+            self._thread.start()
+        self._kicked.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._kicked.set()
+
+    def _run(self) -> None:
+        while True:
+            self._kicked.wait()
+            self._kicked.clear()
+            if self._closed:
+                return
+            try:
+                prepare.prepare_ahead(
+                    self.stores, self.settings, self.queue, want=self.settings.prepare_ahead
+                )
+            except Exception:  # a preparation error is recorded per job; this is the DB away
+                log.warning("preparing ahead on %s failed", self.queue, exc_info=True)
 
 
 class Heartbeat:

@@ -1,6 +1,8 @@
-"""A GPU host's preparation of a job, off the demand path (DESIGN.md, lesson 3): the source
-(a fresh checkout for a standalone job), the project venv and the preflight guard, all before
-the job may take a GPU. It runs in the `prepare` queue; a prepared job's doorbell then rings.
+"""A GPU host's preparation of a job, off the demand path (DESIGN.md, lesson 3): the job's
+commit fetched from the forge into this host's mirror cache and exported clean, the project venv
+and the preflight guard, all before the job may take a GPU, and all on the host that will run
+it (nothing is read from the control host's disk). A GPU worker prepares ahead while its GPU
+runs the previous job (`prepare_ahead`), or right away when it is idle.
 
 What the runner needs beyond the job's row (entry, socket budget, preload, requirements hash)
 is derived from the project config in the job's source (`launch_settings`), the same config the
@@ -10,23 +12,25 @@ preparation read; the job's spec holds only what the experiment reads.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
-import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import git
-
 from app import broker
 from app.db import Stores
-from app.jobs import paths
-from app.jobs import service as jobs
+from app.errors import AutopilotError
+from app.forge.git import GitWork
+from app.jobs import paths, preparation
 from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings, redact_text
 from workers.launcher import guard, runtime, venv
 from workers.launcher.launch import LaunchSpec
 from workers.reaper import ring_cycle
+
+log = logging.getLogger(__name__)
 
 HARNESS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "harness"
 
@@ -64,68 +68,120 @@ def venvs_root(settings: Settings) -> Path:
     return (settings.venv_root or settings.state_dir).absolute()
 
 
-def prepare_job(stores: Stores, settings: Settings, job_id: int) -> bool:
-    """Make the job ready for a GPU; True when it was prepared now (then its doorbell rings)."""
+def prepare_job(stores: Stores, settings: Settings, job_id: int, host: str | None = None) -> bool:
+    """Prepare the job on this host; True when it is ready here and still waits for a GPU."""
+    host = host or socket.gethostname()
     folder = paths.job_dir(settings, job_id)
     folder.mkdir(parents=True, exist_ok=True)
-    # Duplicate doorbells may arrive at once: one preparer per job, the others find it done.
+    # Workers of this host share the state dir: one prepares, the others find it claimed.
     with open(folder / "prepare.lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _prepare_locked(stores, settings, job_id)
+        return _prepare_locked(stores, settings, job_id, host)
 
 
-def _prepare_locked(stores: Stores, settings: Settings, job_id: int) -> bool:
+def prepare_ahead(stores: Stores, settings: Settings, queue: str, *, want: int) -> int:
+    """Prepare queued jobs of `queue` on this host until `want` wait ready here (or none is
+    left to prepare); returns how many became ready now."""
+    host = socket.gethostname()
+    made = 0
+    while True:
+        with stores.ops_session() as session:
+            if preparation.ready_on(session, queue, host) >= want:
+                return made
+            todo = preparation.needs_preparation(session, queue, host, limit=1)
+        if not todo:
+            return made
+        made += prepare_job(stores, settings, todo[0], host)
+
+
+@dataclass(frozen=True)
+class _Source:
+    project: str
+    repo: str
+    ref: str
+    head_sha: str | None
+    experiment: str
+    queue: str
+
+
+def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) -> bool:
     with stores.ops_session() as session:
-        job = jobs.awaiting_preparation(session, job_id)
+        job = preparation.claim_preparation(session, job_id, host)
         if job is None:
             return False
         project = projects.find_project_by_id(session, job.project_id)
         assert project is not None
-        name, repo_url, branch = project.name, project.repo_url, project.default_branch
-        workdir, experiment_name, queue = job.workdir, str(job.experiment), job.queue
-    try:
-        source = (
-            Path(workdir)
-            if workdir
-            else checkout(repo_url, branch, paths.job_dir(settings, job_id))
+        # A job submitted without a commit (older submitters) runs its project's branch tip.
+        source = _Source(
+            project=project.name,
+            repo=job.repo or project.repo_url,
+            ref=job.ref or project.default_branch,
+            head_sha=job.head_sha,
+            experiment=str(job.experiment),
+            queue=job.queue,
         )
-        cfg = project_config.load(source)
-        experiment = cfg.experiment(experiment_name)
-        env = venv_for_job(settings, name, requirements(cfg))
+    try:
+        tree = export(settings, job_id, source)
+        cfg = project_config.load(tree)
+        experiment = cfg.experiment(source.experiment)
+        env = venv_for_job(settings, source.project, requirements(cfg))
         report = guard.run_guard(
             env.path,
-            env=guard_env(settings, env, source),
-            cwd=source,
+            env=guard_env(settings, env, tree),
+            cwd=tree,
             entry=experiment.entry,
             modules=[*experiment.imports, *cfg.project.preload],
-            worktree=source,
+            worktree=tree,
             requirements_hash=env.requirements_hash,
             cache_dir=settings.state_dir.absolute() / "guard-cache",
         )
         if not report.ok:
             raise PreparationError(report.render())
-    except (PreparationError, venv.VenvError, project_config.ConfigError, git.GitError) as exc:
+    except (PreparationError, venv.VenvError, AutopilotError, OSError) as exc:
         message = redact_text(getattr(exc, "detail", None) or str(exc))
         with stores.ops_session() as session:
-            jobs.fail_unstarted(session, job_id, f"preparation failed: {message}")
-        ring_cycle(settings, stores, job_id)
+            ended = preparation.preparation_failed(
+                session, settings, job_id, host, f"preparation failed: {message}"
+            )
+        log.warning("job %s: preparation on %s failed: %s", job_id, host, message)
+        if ended:
+            ring_cycle(settings, stores, job_id)
         return False
     with stores.ops_session() as session:
-        prepared = jobs.mark_prepared(session, job_id, workdir=str(source), venv_path=str(env.path))
-    if prepared:
-        broker.ring_gpu(settings, queue)
-    return prepared
+        ready = preparation.preparation_ready(
+            session, job_id, host, workdir=str(tree), venv_path=str(env.path)
+        )
+    if ready:
+        broker.ring_gpu(settings, source.queue)  # an idle worker of this host may take it now
+    return ready
 
 
-def checkout(repo_url: str, branch: str, dest: Path) -> Path:
-    """A fresh clone of the project's default branch for a standalone job."""
-    target = dest / "src"
-    if (target / ".git").exists():
-        return target
-    shutil.rmtree(target, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    git.Repo.clone_from(repo_url, target, branch=branch, depth=1, no_hardlinks=True)
-    return target
+def export(settings: Settings, job_id: int, source: _Source) -> Path:
+    """The job's commit fetched into this host's mirror cache and exported clean (no .git, no
+    bytecode, nothing a previous run left) under this host's state dir."""
+    work = GitWork(settings)
+    mirror, sha = work.fetch_commit(
+        source.project,
+        source.repo,
+        source.ref,
+        source.head_sha,
+        extra_env=control_auth(settings, source.repo),
+    )
+    return work.export(mirror, sha, paths.source_dir(settings, job_id))
+
+
+def control_auth(settings: Settings, url: str) -> dict[str, str]:
+    """The worker token as an HTTP header for the control host's URLs only (git's
+    `http.<url>.extraHeader`): another host never sees it, and it is in no argv or file."""
+    token = settings.control_token.get_secret_value() if settings.control_token else ""
+    base = settings.control_url.rstrip("/") + "/"
+    if not token or not url.startswith(base):
+        return {}
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": f"http.{base}.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: Bearer {token}",
+    }
 
 
 def venv_for_job(settings: Settings, project: str, requirements: list[str]) -> venv.Venv:

@@ -27,8 +27,7 @@ def reap(stores: Stores, settings: Settings) -> reaping.Reaped:
         stale_cycles = cycles.stale(session, settings, utcnow())
     for cycle_id in stale_cycles:
         broker.ring_advance(settings, cycle_id)
-    for job_id in reaped.prepare_doorbells:
-        broker.ring_prepare(settings, job_id)
-    for queue in reaped.run_doorbells:
+    # Preparation happens on the GPU hosts: a job no host has prepared rings its kind's queue.
+    for queue in dict.fromkeys([*reaped.prepare_queues, *reaped.run_doorbells]):
         broker.ring_gpu(settings, queue)
     return reaped

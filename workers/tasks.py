@@ -10,7 +10,7 @@ from celery.signals import worker_shutdown
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
-from workers import gpu, prepare, reaper
+from workers import gpu, reaper
 from workers.celery_app import celery
 from workers.launcher.spare import SpareSlot
 
@@ -20,21 +20,20 @@ log = logging.getLogger(__name__)
 IDENTITY: gpu.WorkerIdentity | None = None
 # The GPU worker's parked interpreter for its next job, kept across doorbells.
 SPARES = SpareSlot()
+# Its background preparer (made at the first doorbell: the queue is known by then).
+PREPARER: gpu.Preparer | None = None
 
 
 @worker_shutdown.connect
 def _close_spare(**_: object) -> None:
     SPARES.close()
+    if PREPARER is not None:
+        PREPARER.close()
 
 
 @functools.lru_cache(maxsize=1)
 def stores() -> Stores:
     return Stores.from_settings(get_settings())
-
-
-@celery.task(name=broker.PREPARE_JOB)
-def prepare_job(job_id: int) -> bool:
-    return prepare.prepare_job(stores(), get_settings(), job_id)
 
 
 @celery.task(name=broker.RUN_JOBS)
@@ -44,7 +43,11 @@ def run_jobs(queue: str) -> int:
     if me is None or me.queue != queue:
         log.error("doorbell for %s reached a worker that is not a %s GPU worker", queue, queue)
         return 0
-    return gpu.RunLoop(stores(), get_settings(), me, spares=SPARES).run_available()
+    global PREPARER
+    if PREPARER is None:
+        PREPARER = gpu.Preparer(stores(), get_settings(), me.queue)
+    loop = gpu.RunLoop(stores(), get_settings(), me, spares=SPARES, preparer=PREPARER)
+    return loop.run_available()
 
 
 @celery.task(name=broker.REAP)

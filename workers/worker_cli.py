@@ -70,13 +70,14 @@ def worker_control(
     concurrency: Annotated[int, typer.Option(min=1, max=64)] = 4,
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
-    """Consume the control and prepare queues (cycle steps, preparation, the reaper)."""
+    """Consume the control queue (cycle steps, merges, schedules, the reaper). Jobs are
+    prepared on the GPU hosts, by their GPU workers."""
     from workers.celery_app import celery
 
     argv = [
         "worker",
         "-Q",
-        "control,prepare",
+        "control",
         "-P",
         "threads",
         "-c",

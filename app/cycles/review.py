@@ -102,12 +102,18 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
         dest = machine.settings.state_dir.absolute() / "revalidate" / f"{cycle_id}-{new_base[:12]}"
         checkout = git_work.merged_checkout(ref.name, forge.remote_url(ref), head, new_base, dest)
         config = project_config.load(checkout)
+        branch = f"{head}-revalidate-{new_base[:12]}"
+        merged = git_work.push_checkout(checkout, forge.remote_url(ref), branch)
+        source = jobs.JobSource(
+            repo=forge.fetch_url(ref), ref=branch, head_sha=merged, base_sha=new_base
+        )
         with machine.stores.ops_session() as session:
             row = projects.get_project(session, ref.name)
-            job = jobs.submit(session, machine.settings, row, config, experiment, parameters)
-            job.workdir = str(checkout)
-            job_id = job.id
-        broker.ring_prepare(machine.settings, job_id)
+            job = jobs.submit(
+                session, machine.settings, row, config, experiment, parameters, source=source
+            )
+            job_id, queue = job.id, job.queue
+        broker.ring_gpu(machine.settings, queue)
         deadline = time.monotonic() + config.experiment(experiment).time_limit_s + 600
         while time.monotonic() < deadline:
             with machine.stores.ops_session() as session:

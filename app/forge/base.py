@@ -51,6 +51,11 @@ class Forge(Protocol):
         """The URL cycles fetch from and push their branches to."""
         ...
 
+    def fetch_url(self, project: ProjectRef) -> str:
+        """The URL GPU hosts fetch a job's commit from (they never see the control host's
+        disk): the API's git endpoint for the local forge, the repository itself for GitHub."""
+        ...
+
     def sync_base(self, project: ProjectRef) -> None:
         """Bring the forge's copy of the base branch up to the project's repository, where the
         forge keeps a copy of its own (the local forge); a no-op where the repository is the

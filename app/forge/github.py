@@ -239,6 +239,9 @@ class GitHubForge:
     def remote_url(self, project: ProjectRef) -> str:
         return check_url(project.repo_url)
 
+    def fetch_url(self, project: ProjectRef) -> str:
+        return check_url(project.repo_url)
+
     def sync_base(self, project: ProjectRef) -> None:
         return None  # the project's repository is the forge: nothing to copy
 

@@ -59,6 +59,7 @@ class LocalForge:
 
     def __init__(self, settings: Settings, stores: Stores) -> None:
         self.root = settings.state_dir.absolute() / "forge"
+        self._control_url = settings.control_url
         self._tmp = settings.state_dir.absolute() / "tmp"
         self._stores = stores
         self.git = GitRunner(author=(settings.git_author_name, settings.git_author_email))
@@ -77,6 +78,9 @@ class LocalForge:
         a GPU host fetches with its worker token, e.g. `http://control:8000/git/spectral.git`."""
         self.bare_path(project)  # the same slug check: nothing else reaches a URL path
         return f"{control_url.rstrip('/')}{HTTP_PREFIX}/{project.name}.git"
+
+    def fetch_url(self, project: ProjectRef) -> str:
+        return self.http_url(project, self._control_url)
 
     def remote_url(self, project: ProjectRef) -> str:
         """The bare repository, seeded once from the project's repo_url."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.clock import utcnow
@@ -15,6 +15,7 @@ from app.db import OpsBase
 JOB_STATES = ("queued", "leased", "running", "succeeded", "failed", "cancelled")
 ACTIVE = ("leased", "running")  # holding a GPU
 FINISHED = ("succeeded", "failed", "cancelled")  # nothing more will happen to it
+PREPARATION_STATES = ("preparing", "ready", "failed")
 
 
 class Job(OpsBase):
@@ -48,6 +49,13 @@ class Job(OpsBase):
     idle_gap_s: Mapped[float | None] = mapped_column(Float)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     worker: Mapped[str | None] = mapped_column(String(255))
+    # The code, as a commit GPU hosts fetch (DESIGN.md, "Hosts and boundaries"): the URL they
+    # fetch from (the forge), the branch that holds it, and the commits compared.
+    repo: Mapped[str | None] = mapped_column(String(1024))
+    ref: Mapped[str | None] = mapped_column(String(255))
+    base_sha: Mapped[str | None] = mapped_column(String(64))
+    head_sha: Mapped[str | None] = mapped_column(String(64))
+    # Where it ran: the leasing host's clean export and venv (copied from its preparation).
     workdir: Mapped[str | None] = mapped_column(String(1024))
     venv_path: Mapped[str | None] = mapped_column(String(1024))
     result_path: Mapped[str | None] = mapped_column(String(1024))
@@ -58,6 +66,27 @@ class Job(OpsBase):
     wait_reason: Mapped[str | None] = mapped_column(String(255))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelled_by: Mapped[str | None] = mapped_column(String(64))
+    # The last lines of the job's log, kept by its worker while it runs (the whole log is
+    # uploaded to the control host when it ends).
+    log_tail: Mapped[str | None] = mapped_column(Text)
+
+
+class JobPreparation(OpsBase):
+    """One GPU host's preparation of one job: its clean export and venv on that host. A worker
+    leases only jobs prepared on its own host; any host of the job's kind may prepare it."""
+
+    __tablename__ = "job_preparation"
+    __table_args__ = (UniqueConstraint("job_id", "host"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16), default="preparing")  # PREPARATION_STATES
+    workdir: Mapped[str | None] = mapped_column(String(1024))
+    venv_path: Mapped[str | None] = mapped_column(String(1024))
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Lease(OpsBase):

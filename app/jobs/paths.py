@@ -14,6 +14,11 @@ def job_dir(settings: Settings, job_id: int) -> Path:
     return settings.state_dir.absolute() / "jobs" / str(job_id)
 
 
+def source_dir(settings: Settings, job_id: int) -> Path:
+    """The clean export of the job's commit, on the host that prepared it."""
+    return job_dir(settings, job_id) / "src"
+
+
 def log_path(settings: Settings, job_id: int, recorded: str | None = None) -> Path:
     """The job's log: the path its worker recorded, else where the layout puts it."""
     return Path(recorded) if recorded else job_dir(settings, job_id) / LOG_NAME

@@ -18,7 +18,8 @@ from app.settings import Settings
 class Reaped:
     requeued: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
-    prepare_doorbells: list[int] = field(default_factory=list)
+    prepare_doorbells: list[int] = field(default_factory=list)  # no host has prepared these
+    prepare_queues: list[str] = field(default_factory=list)  # their queues, to ring
     run_doorbells: list[str] = field(default_factory=list)  # queues to ring
 
 
@@ -72,6 +73,8 @@ def reap(session: Session, settings: Settings) -> Reaped:
             waited = now - (aware(job.submitted_at) or now)
             if doorbell_due(waited.total_seconds(), settings):
                 reaped.prepare_doorbells.append(job.id)
+                if job.queue not in reaped.prepare_queues:
+                    reaped.prepare_queues.append(job.queue)
         elif job.queue not in reaped.run_doorbells:
             reaped.run_doorbells.append(job.queue)
     for job_id in reaped.requeued:

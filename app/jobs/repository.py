@@ -8,14 +8,14 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, Select, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
-from app.jobs.models import ACTIVE, FINISHED, Job, Lease, QueueLock, Worker
+from app.jobs.models import ACTIVE, FINISHED, Job, JobPreparation, Lease, QueueLock, Worker
 
 
 def get(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
-def add(session: Session, row: Job | Lease | Worker) -> None:
+def add(session: Session, row: Job | Lease | Worker | JobPreparation) -> None:
     session.add(row)
 
 
@@ -45,10 +45,29 @@ def _waiting(queue: str) -> list[ColumnElement[bool]]:
     ]
 
 
+def _ready_on(host: str) -> ColumnElement[bool]:
+    """The job has a finished preparation on `host`: a worker there may lease it."""
+    return (
+        select(JobPreparation.id)
+        .where(
+            JobPreparation.job_id == Job.id,
+            JobPreparation.host == host,
+            JobPreparation.state == "ready",
+        )
+        .exists()
+    )
+
+
 def leasable(
-    session: Session, queue: str, limit: int = 20, exclude_projects: Sequence[int] = ()
+    session: Session,
+    queue: str,
+    limit: int = 20,
+    exclude_projects: Sequence[int] = (),
+    host: str | None = None,
 ) -> Sequence[Job]:
     query: Select[Job] = select(Job).where(*_waiting(queue))
+    if host is not None:
+        query = query.where(_ready_on(host))
     if exclude_projects:
         query = query.where(Job.project_id.not_in(exclude_projects))
     query = query.order_by(Job.order_key, Job.id).limit(limit)
@@ -57,10 +76,66 @@ def leasable(
     return session.scalars(query).all()
 
 
-def first_waiting(session: Session, queue: str) -> Job | None:
-    """The prepared job first in line on `queue`, read without a lock (a hint, not a claim)."""
-    query = select(Job).where(*_waiting(queue)).order_by(Job.order_key, Job.id).limit(1)
-    return session.scalars(query).first()
+def first_waiting(session: Session, queue: str, host: str | None = None) -> Job | None:
+    """The prepared job first in line on `queue` (on `host`), read without a lock: a hint."""
+    query = select(Job).where(*_waiting(queue))
+    if host is not None:
+        query = query.where(_ready_on(host))
+    return session.scalars(query.order_by(Job.order_key, Job.id).limit(1)).first()
+
+
+# -- each host's preparation ----------------------------------------------------------------
+
+
+def preparation(session: Session, job_id: int, host: str) -> JobPreparation | None:
+    return session.scalars(
+        select(JobPreparation).where(JobPreparation.job_id == job_id, JobPreparation.host == host)
+    ).one_or_none()
+
+
+def preparations(session: Session, job_id: int) -> Sequence[JobPreparation]:
+    return session.scalars(
+        select(JobPreparation).where(JobPreparation.job_id == job_id).order_by(JobPreparation.id)
+    ).all()
+
+
+def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequence[int]:
+    """Queued jobs of `queue` that `host` has not prepared (nor tried to), oldest first."""
+    tried = (
+        select(JobPreparation.id)
+        .where(JobPreparation.job_id == Job.id, JobPreparation.host == host)
+        .exists()
+    )
+    return session.scalars(
+        select(Job.id)
+        .where(
+            Job.queue == queue,
+            Job.state == "queued",
+            Job.cancel_requested_at.is_(None),
+            ~tried,
+        )
+        .order_by(Job.order_key, Job.id)
+        .limit(limit)
+    ).all()
+
+
+def ready_count_on(session: Session, queue: str, host: str) -> int:
+    """Queued jobs of `queue` prepared on `host` and not leased yet."""
+    return int(
+        session.scalar(
+            select(func.count()).select_from(Job).where(*_waiting(queue), _ready_on(host))
+        )
+        or 0
+    )
+
+
+def hosts_seen_since(session: Session, kind: str, since: datetime) -> set[str]:
+    """The hosts with a worker of `kind` that reported since `since`."""
+    return set(
+        session.scalars(
+            select(Worker.host).where(Worker.kind == kind, Worker.last_seen >= since).distinct()
+        ).all()
+    )
 
 
 def set_wait_reason(

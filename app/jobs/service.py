@@ -64,6 +64,17 @@ def parse_queue(settings: Settings, queue: str) -> str:
     return queue
 
 
+@dataclass(frozen=True)
+class JobSource:
+    """The code a job runs, as a commit a GPU host can fetch: the URL (the forge), the branch
+    that holds it, the head to run and the base it is compared with."""
+
+    repo: str
+    ref: str
+    head_sha: str
+    base_sha: str | None = None
+
+
 def submit(
     session: Session,
     settings: Settings,
@@ -75,6 +86,7 @@ def submit(
     queue: str | None = None,
     cycle_id: int | None = None,
     seed: int = 0,
+    source: JobSource | None = None,
 ) -> Job:
     """Validate against the project's declared experiments and space, then record the job."""
     declared = config.experiment(experiment)
@@ -106,6 +118,9 @@ def submit(
         order_key=now,
         submitted_at=now,
     )
+    if source is not None:
+        job.repo, job.ref = source.repo, source.ref
+        job.head_sha, job.base_sha = source.head_sha, source.base_sha
     repo.add(session, job)
     session.flush()
     return job
@@ -116,24 +131,6 @@ def get(session: Session, job_id: int) -> Job:
     if job is None:
         raise JobNotFound(f"no job {job_id}; list jobs with GET /api/v1/jobs")
     return job
-
-
-def awaiting_preparation(session: Session, job_id: int) -> Job | None:
-    """The job if it still needs preparing (queued, not prepared yet), else None."""
-    job = repo.get(session, job_id)
-    if job is None or job.state != "queued" or job.prepared_at is not None:
-        return None
-    return job
-
-
-def mark_prepared(session: Session, job_id: int, *, workdir: str, venv_path: str) -> bool:
-    """Record a finished preparation; False when the job no longer needs it."""
-    job = awaiting_preparation(session, job_id)
-    if job is None:
-        return False
-    job.workdir, job.venv_path, job.prepared_at = workdir, venv_path, utcnow()
-    session.flush()
-    return True
 
 
 def fail_unstarted(session: Session, job_id: int, error: str) -> None:
@@ -185,9 +182,10 @@ def _check_scope(
     return None
 
 
-def first_waiting(session: Session, queue: str) -> Job | None:
-    """The prepared job first in line on `queue` (no lock): what a worker may get ready for."""
-    return repo.first_waiting(session, queue)
+def first_waiting(session: Session, queue: str, host: str | None = None) -> Job | None:
+    """The prepared job first in line on `queue` (on `host`), no lock: what a worker may get
+    ready for."""
+    return repo.first_waiting(session, queue, host)
 
 
 def blocked_by_budget(session: Session, settings: Settings, project: Project | None) -> str | None:
@@ -216,6 +214,7 @@ def lease_next(
     once per call and its jobs are skipped in the query, so however many of its jobs wait,
     the next project's job behind them still leases; every waiting job shows the reason.
     """
+    host = host or socket.gethostname()
     repo.lock_leasing(session)
     now = utcnow()
     globally = _check_scope(session, "global", None, _budget_scopes(settings, None)[0][2])
@@ -228,7 +227,7 @@ def lease_next(
     while leased is None:
         batch = [
             j
-            for j in repo.leasable(session, queue, exclude_projects=list(blocked))
+            for j in repo.leasable(session, queue, exclude_projects=list(blocked), host=host)
             if j.id not in tried
         ]
         if not batch:
@@ -248,6 +247,11 @@ def lease_next(
                 repo.refresh(session, job)
                 leased = job
                 break
+    if leased is not None:
+        # where it runs: the leasing host's own export and venv
+        prepared = repo.preparation(session, leased.id, host)
+        if prepared is not None:
+            leased.workdir, leased.venv_path = prepared.workdir, prepared.venv_path
     for project_id, reason in blocked.items():
         repo.set_wait_reason(session, queue, reason, project_id=project_id)
     repo.clear_wait_reasons(session, queue, keep_projects=list(blocked))
@@ -259,7 +263,7 @@ def lease_next(
         Lease(
             job_id=leased.id,
             worker=worker,
-            host=host or socket.gethostname(),
+            host=host,
             device=device,
             heartbeat_at=now,
             expires_at=now + timedelta(seconds=settings.lease_ttl_s),
@@ -436,11 +440,15 @@ def submit_and_ring(
         row = ops.get_project(session, project)
         ref = ProjectRef.of(row)
         forge = forge_service.forge_for(settings, stores)
-        _, config = forge_service.config_at_base(GitWork(settings), forge, ref)
-        job = submit(session, settings, row, config, experiment, parameters, queue=queue)
+        base, config = forge_service.config_at_base(GitWork(settings), forge, ref)
+        # a standalone job runs the tip of the base branch, as the forge holds it now
+        source = JobSource(forge.fetch_url(ref), ref.default_branch, base, base)
+        job = submit(
+            session, settings, row, config, experiment, parameters, queue=queue, source=source
+        )
         out = JobOut.model_validate(job)
     try:
-        broker.ring_prepare(settings, out.id)
+        broker.ring_gpu(settings, out.queue)
     except Exception as exc:
         raise DoorbellNotSent(out, exc) from exc
     return out

@@ -120,7 +120,7 @@ def submit(stores: Stores, settings: Settings, repo: Path, **params: Any) -> int
     with stores.ops_session() as session:
         project = ops.get_project(session, repo.name)
         job_id = jobs.submit(session, settings, project, cfg, "probe", dict(params)).id
-    broker.ring_prepare(settings, job_id)
+    broker.ring_gpu(settings, "gpu.cpu")
     return job_id
 
 

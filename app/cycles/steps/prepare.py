@@ -1,5 +1,7 @@
-"""preparing → queued: the cycle's worktree and branch, then its job; all before any GPU is
-asked for. The job's "prepare" doorbell rings only after the job is committed."""
+"""preparing → queued: the cycle's worktree and branch, its candidate commit (the agent's
+change, or the base itself) pushed to the forge, then its job naming that commit; all before
+any GPU is asked for. GPU hosts fetch the commit from the forge (DESIGN.md, "Hosts and
+boundaries"); the job's doorbell rings only after the job is committed."""
 
 from __future__ import annotations
 
@@ -20,12 +22,25 @@ class Prepare(Step):
     def run(self, cycle_id: int) -> bool:
         forge = forge_service.forge_for(self.settings, self.stores)
         cycle, ref = self.detached(cycle_id)
+        git = self.git()
         try:
             worktree = self.worktree(cycle, ref, forge)
+            # Code travels as a commit: what the agent changed (checked against the protected
+            # paths) is committed on the cycle's branch and pushed before any host fetches it.
+            head = git.commit(
+                worktree, f"Candidate of cycle {cycle.id}\n\n{cycle.hypothesis or ''}"
+            )
+            git.push(worktree, forge.remote_url(ref))
         except (Unavailable, OSError) as exc:
             raise Transient(str(exc)) from exc
         config = project_config.load(worktree.path)
-        ring: int | None = None
+        source = jobs.JobSource(
+            repo=forge.fetch_url(ref),
+            ref=worktree.branch,
+            head_sha=head,
+            base_sha=worktree.base_sha,
+        )
+        ring: str | None = None
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)
             cycle.worktree, cycle.branch = str(worktree.path), worktree.branch
@@ -39,10 +54,10 @@ class Prepare(Step):
                     str(cycle.experiment),
                     dict(cycle.parameters or {}),
                     cycle_id=cycle.id,
+                    source=source,
                 )
-                job.workdir = str(worktree.path)
-                ring = job.id
+                ring = job.queue
             repository.set_state(session, cycle, "queued")
         if ring is not None:
-            broker.ring_prepare(self.settings, ring)  # after the commit
+            broker.ring_gpu(self.settings, ring)  # after the commit
         return True

@@ -55,7 +55,8 @@ def test_submit_get_list_cancel(
     job = submit(client, trigger, parameters={"sleep_s": 0.5})
     assert (job["state"], job["queue"], job["attempts"]) == ("queued", "gpu.cpu", 0)
     assert job["parameters"] == {"sleep_s": 0.5, "grandchild": 0}  # defaults filled in
-    assert len(doorbells(settings, "prepare")) == 1  # the prepare doorbell, after the commit
+    # the doorbell of its GPU queue (its workers prepare it on their hosts), after the commit
+    assert len(doorbells(settings, "gpu.cpu")) == 1
     other = submit(client, trigger, queue="gpu.h100")
     assert other["queue"] == "gpu.h100"
 
@@ -124,7 +125,7 @@ def test_bad_submissions_store_and_enqueue_nothing(
     assert response.headers["content-type"] == "application/problem+json"
     assert needle in response.text
     assert job_count(stores) == 0
-    assert doorbells(settings, "prepare") == []
+    assert doorbells(settings, "gpu.cpu") == []
 
 
 def test_bad_list_filters_are_4xx(client: TestClient, tokens: dict[str, str]) -> None:

@@ -13,10 +13,13 @@ from pathlib import Path
 
 import git
 import pytest
+from pydantic import SecretStr
 
 from app.db import Stores
+from app.projects import service as ops
 from app.settings import Settings
 from tests.conftest import Backend, need_redis
+from tests.support import free_port, port_open, wait_for
 
 PROBE = '''
 """A tiny experiment: reports its first line, records each run, sleeps, writes a result."""
@@ -102,6 +105,8 @@ def broker_url(request: pytest.FixtureRequest, backend: Backend) -> str:
 def queue_settings(settings: Settings, broker_url: str, shared_venv_root: Path) -> Settings:
     return settings.model_copy(
         update={
+            # The API GPU workers fetch the forge from (started with the first GPU worker).
+            "control_url": f"http://127.0.0.1:{free_port()}",
             "broker_url": broker_url,
             "venv_system_site_packages": True,
             "venv_root": shared_venv_root,
@@ -128,8 +133,11 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "AUTOPILOT_REAPER_INTERVAL_S": str(settings.reaper_interval_s),
             "AUTOPILOT_DOORBELL_STALE_S": str(settings.doorbell_stale_s),
             "AUTOPILOT_SCHEDULE_TICK_S": str(settings.schedule_tick_s),
+            "AUTOPILOT_CONTROL_URL": settings.control_url,
         }
     )
+    if settings.control_token is not None:
+        env["AUTOPILOT_CONTROL_TOKEN"] = settings.control_token.get_secret_value()
     return env
 
 
@@ -142,9 +150,21 @@ class Workers:
     def start(
         self, name: str, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
+        if args and args[0] == "gpu" and "api" not in self.procs:
+            self.start_api()  # GPU hosts fetch each job's commit from the API's git endpoint
+        return self._spawn(name, ["worker", *args, "--loglevel", "WARNING"], env)
+
+    def start_api(self) -> None:
+        port = int(self.settings.control_url.rsplit(":", 1)[1])
+        self._spawn("api", ["serve", "--host", "127.0.0.1", "--port", str(port)], None)
+        wait_for(lambda: port_open(port), timeout=60)
+
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", *args, "--loglevel", "WARNING"],
+            [sys.executable, "-m", "workers.cli", *argv],
             env={**settings_env(self.settings), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -171,6 +191,9 @@ class Workers:
 def workers(queue_settings: Settings, stores: Stores, tmp_path: Path) -> Iterator[Workers]:
     queue_settings.state_dir.mkdir(parents=True, exist_ok=True)
     (tmp_path / "worker-logs").mkdir()
-    running = Workers(queue_settings, tmp_path / "worker-logs")
+    with stores.ops_session() as session:  # the GPU hosts' token (scope worker)
+        _, token = ops.create_token(session, "gpu-hosts", ["worker"])
+    settings = queue_settings.model_copy(update={"control_token": SecretStr(token)})
+    running = Workers(settings, tmp_path / "worker-logs")
     yield running
     running.stop_all()

@@ -11,7 +11,7 @@ from sqlalchemy import func, select, update
 
 from app.db import Stores
 from app.errors import InvalidInput
-from app.jobs import figures, reaping
+from app.jobs import figures, preparation, reaping
 from app.jobs import service as jobs
 from app.jobs.models import Job, Lease
 from app.projects import config as project_config
@@ -66,7 +66,7 @@ def submit(
 
 def mark_prepared(stores: Stores, job_id: int) -> None:
     with stores.ops_session() as session:
-        assert jobs.mark_prepared(session, job_id, workdir="/w", venv_path="/v")
+        assert preparation.mark_prepared(session, job_id, workdir="/w", venv_path="/v")
         job = session.get(Job, job_id)
         assert job is not None
         job.spec = {**job.spec, "entry": "probe.main"}

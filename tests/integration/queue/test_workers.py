@@ -28,7 +28,7 @@ def submit(stores: Stores, workers: Workers, repo: Path, **params: object) -> in
         )
         cfg = project_config.load(repo)
         job_id = jobs.submit(session, settings, project, cfg, "probe", dict(params)).id
-    broker.ring_prepare(settings, job_id)
+    broker.ring_gpu(settings, "gpu.cpu")
     return job_id
 
 
@@ -106,7 +106,7 @@ def test_duplicate_doorbells_are_no_ops(workers: Workers, stores: Stores, tmp_pa
     workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
     job_id = submit(stores, workers, repo, sleep_s=0.2)
     for _ in range(3):
-        broker.ring_prepare(workers.settings, job_id)
+        broker.ring_gpu(workers.settings, "gpu.cpu")
         broker.ring_gpu(workers.settings, "gpu.cpu")
     done = wait_for(lambda: finished(stores, job_id), timeout=120)
     assert done.state == "succeeded"

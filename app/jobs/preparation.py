@@ -1,0 +1,113 @@
+"""Each GPU host's preparation of the jobs of its kind (DESIGN.md, "Hosts and boundaries"): a
+host claims a job, prepares its clean export and venv, and records it ready (then a worker of
+that host may lease it) or failed (then other hosts still may; the job fails once every host
+seen lately has failed it)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.clock import aware, utcnow
+from app.jobs import repository as repo
+from app.jobs import service as jobs
+from app.jobs.models import Job, JobPreparation
+from app.settings import Settings
+
+
+def needs_preparation(session: Session, queue: str, host: str, limit: int) -> Sequence[int]:
+    """Queued jobs of `queue` this host has not prepared or tried yet, oldest first."""
+    return repo.unprepared_on(session, queue, host, limit)
+
+
+def ready_on(session: Session, queue: str, host: str) -> int:
+    """How many queued jobs of `queue` wait prepared on this host."""
+    return repo.ready_count_on(session, queue, host)
+
+
+def claim_preparation(
+    session: Session, job_id: int, host: str, *, stale_after_s: float = 3600.0
+) -> Job | None:
+    """Start this host's preparation of the job; the job, or None when it needs none here
+    (ended, cancelled, prepared or being prepared on this host). A preparation left unfinished
+    longer than `stale_after_s` (its preparer died) is taken over."""
+    job = repo.get(session, job_id)
+    if job is None or job.state != "queued" or job.cancel_requested_at is not None:
+        return None
+    now = utcnow()
+    row = repo.preparation(session, job_id, host)
+    if row is not None:
+        started = aware(row.started_at) or now
+        if row.state != "preparing" or (now - started).total_seconds() < stale_after_s:
+            return None
+        row.started_at, row.error = now, None
+        session.flush()
+        return job
+    try:
+        with session.begin_nested():
+            repo.add(session, JobPreparation(job_id=job_id, host=host, started_at=now))
+    except IntegrityError:  # another worker of this host claimed it first
+        return None
+    return job
+
+
+def preparation_ready(
+    session: Session, job_id: int, host: str, *, workdir: str, venv_path: str
+) -> bool:
+    """Record this host's finished preparation; True when the job still waits to be leased."""
+    row = repo.preparation(session, job_id, host)
+    if row is None:
+        row = JobPreparation(job_id=job_id, host=host)
+        repo.add(session, row)
+    row.state, row.workdir, row.venv_path = "ready", workdir, venv_path
+    row.error, row.finished_at = None, utcnow()
+    job = repo.get(session, job_id)
+    if job is None or job.state != "queued":
+        session.flush()
+        return False
+    if job.prepared_at is None:
+        job.prepared_at = row.finished_at
+    session.flush()
+    return True
+
+
+def preparation_failed(
+    session: Session, settings: Settings, job_id: int, host: str, error: str
+) -> bool:
+    """Record this host's failed preparation. The job stays available to other hosts of its
+    kind; it fails only once every host seen lately has failed it. True when it failed now."""
+    row = repo.preparation(session, job_id, host)
+    if row is None:
+        row = JobPreparation(job_id=job_id, host=host)
+        repo.add(session, row)
+    row.state, row.error, row.finished_at = "failed", error[:4000], utcnow()
+    session.flush()
+    job = repo.get(session, job_id)
+    if job is None or job.state != "queued":
+        return False
+    kind = job.queue.removeprefix("gpu.")
+    since = utcnow() - timedelta(seconds=max(60.0, 3 * settings.heartbeat_interval_s))
+    hosts = repo.hosts_seen_since(session, kind, since) | {host}
+    failed = {p.host for p in repo.preparations(session, job_id) if p.state == "failed"}
+    if not hosts <= failed:
+        return False
+    jobs.fail_unstarted(session, job_id, f"preparation failed on {host}: {error}")
+    return True
+
+
+def mark_prepared(
+    session: Session, job_id: int, *, workdir: str, venv_path: str, host: str | None = None
+) -> bool:
+    """Claim and finish a preparation in one go (a host that prepared synchronously)."""
+    host = host or socket.gethostname()
+    if claim_preparation(session, job_id, host) is None:
+        return False
+    return preparation_ready(session, job_id, host, workdir=workdir, venv_path=venv_path)
+
+
+def preparation_on(session: Session, job_id: int, host: str) -> JobPreparation | None:
+    return repo.preparation(session, job_id, host)
