@@ -211,7 +211,7 @@ def test_cycles_queued_against_two_gpu_workers(
     with stores.ops_session() as session:
         rows = session.scalars(select(Cycle).where(Cycle.id.in_(ids))).all()
         states = {c.id: (c.state, c.error) for c in rows}
-        job_ids = [c.job_id for c in rows if c.job_id is not None]
+        job_ids = list(session.scalars(select(Job.id).where(Job.cycle_id.in_(ids))).all())
         pr_heads = session.execute(
             select(PullRequestRow.head).where(
                 PullRequestRow.project.in_((capped_repo.name, free_repo.name))
