@@ -71,8 +71,12 @@ def _git_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def services(settings: Settings, log_dir: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The API, the control worker (with beat) and one CPU GPU-worker, as child processes."""
+def services(
+    settings: Settings, log_dir: Path, *, worker_token: str
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The API, the control worker (with beat) and one CPU GPU-worker, as child processes. The
+    GPU worker talks to the others only through the broker, the ops DB and the API (its own
+    token), as a GPU host on another machine would."""
     env = dict(os.environ)
     # The demo's project venv reuses this environment's torch instead of installing one.
     env.setdefault("AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES", "true")
@@ -87,10 +91,11 @@ def services(settings: Settings, log_dir: Path) -> Iterator[list[subprocess.Pope
     try:
         for name, args in commands.items():
             log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+            own = {"AUTOPILOT_CONTROL_TOKEN": worker_token} if args[1:2] == ["gpu"] else {}
             procs.append(
                 subprocess.Popen(  # noqa: S603 - our own CLI, fixed argv
                     [sys.executable, "-m", "workers.cli", *args],
-                    env=env,
+                    env={**env, **own},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -160,9 +165,12 @@ def demo_command(
         except ProjectNotFound:
             ops.create_project(session, ProjectCreate(name=PROJECT, repo_url=str(repo)))
         _, token = ops.create_token(session, f"demo-{secrets.token_hex(3)}", ["admin"])
+        # The GPU host's own token: it fetches each job's commit from the API's git endpoint.
+        _, worker_token = ops.create_token(session, f"demo-gpu-{secrets.token_hex(3)}", ["worker"])
     stores.dispose()
     quiet = as_json
-    with services(settings, settings.state_dir.absolute() / "demo" / "logs") as procs:
+    log_dir = settings.state_dir.absolute() / "demo" / "logs"
+    with services(settings, log_dir, worker_token=worker_token) as procs:
         wait_healthy(base, procs)
         if not quiet:
             typer.echo(f"API up on {base}; triggering a cycle on {PROJECT}", err=True)
