@@ -24,7 +24,13 @@ from sqlalchemy.engine import make_url
 
 from app import migrate
 from app.logs import RedactSecrets, secret_values
-from app.settings import ENV_PREFIX, Settings, describe_validation_error, redact_url
+from app.settings import (
+    ENV_PREFIX,
+    Settings,
+    describe_validation_error,
+    redact_text,
+    redact_url,
+)
 from workers.launcher import runtime
 
 HTTP_TIMEOUT_S = 5.0
@@ -76,7 +82,7 @@ def run_checks(kind: str | None = None) -> list[Check]:
         lines = describe_validation_error(exc)
         return [Check("settings", False, f"{line}; fix it in the env file") for line in lines]
     except SettingsError as exc:  # a list setting that is not JSON
-        return [Check("settings", False, f"{exc}; fix it in the env file")]
+        return [Check("settings", False, f"{redact_text(str(exc))}; fix it in the env file")]
     checks = [Check("settings", True, "the settings load")]
     checks += check_forbidden(settings, given)
     state_dir = check_state_dir(settings, given)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from app import migrate
 from app.api.main import create_app
 from app.db import Stores
 from app.projects import service as ops
@@ -202,6 +203,14 @@ def test_an_ops_db_missing_or_not_migrated_fails(host: Host, api: str) -> None:
 
     code, output = host.doctor(AUTOPILOT_OPS_URL=None)
     assert failing(output)["ops-db"].startswith("AUTOPILOT_OPS_URL is not set")
+
+    behind = Settings(_env_file=None, state_dir=host.root / "behind")  # type: ignore[call-arg]
+    migrate.upgrade(behind)
+    migrate.downgrade(behind, "-1")
+    code, output = host.doctor(AUTOPILOT_OPS_URL=behind.ops_database_url)
+    assert code == 1
+    assert "this code expects" in failing(output)["ops-db"]
+    assert "run `autopilot db upgrade` on the control host" in failing(output)["ops-db"]
 
 
 def test_a_broker_that_does_not_answer_fails_without_its_password(host: Host, api: str) -> None:
