@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from app.db import make_engine
 from app.settings import Settings
@@ -40,6 +43,35 @@ def _run(settings: Settings, action: str, revision: str) -> None:
                 getattr(command, action)(config, revision)
         finally:
             engine.dispose()
+
+
+@dataclass(frozen=True)
+class Revision:
+    """Where a store's schema stands: the revision it is at (None: never migrated) and the
+    heads this code's migrations lead to."""
+
+    current: str | None
+    heads: tuple[str, ...]
+    known: bool  # the current revision is one of this code's (False: the DB is newer)
+
+    @property
+    def at_head(self) -> bool:
+        return self.current is not None and self.current in self.heads
+
+
+def schema_revision(store: Store, url: str) -> Revision:
+    """The store's schema revision against this code's migrations; connects, changes nothing.
+
+    A SQLite file that does not exist is reported by the caller: connecting would create it."""
+    script = ScriptDirectory.from_config(alembic_config(store, url))
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+    known = current is None or current in {r.revision for r in script.walk_revisions()}
+    return Revision(current, tuple(script.get_heads()), known)
 
 
 def upgrade(settings: Settings, revision: str = "head") -> None:

@@ -7,10 +7,11 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -29,6 +30,26 @@ def wait_for(condition: Callable[[], T], timeout: float = 30.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def served(app: Any) -> Iterator[str]:
+    """An ASGI app served by uvicorn in a thread on 127.0.0.1:<free port>; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))  # bound before the server starts: no race for the port
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout=30)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
 
 
 def free_port() -> int:

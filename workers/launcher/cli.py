@@ -10,11 +10,13 @@ from typing import Annotated, Any
 
 import typer
 
+from workers import gpu_host
 from workers.launcher import environment, guard, runtime
 from workers.launcher.venv import COMPLETE_MARKER
 
 doctor_app = typer.Typer(
-    help="Check what an experiment launch depends on: the project venv and the runtime dir.",
+    help="Check what a launch depends on: the project venv, the runtime dir, a GPU host's "
+    "settings.",
     no_args_is_help=True,
 )
 
@@ -161,6 +163,26 @@ def doctor_runtime(
         why = "chosen" if c["chosen"] else c["passed_over"] or "usable, not needed"
         _echo(f"  {c['source']:<22} {c['root']}: {why}")
     raise typer.Exit(0)
+
+
+@doctor_app.command("gpu-host")
+def doctor_gpu_host(
+    kind: Annotated[
+        str | None, typer.Option(help="This host's GPU kind (AUTOPILOT_GPU_KIND): checked too.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+) -> None:
+    """Check a GPU host's settings against the real services; exit 0 when all pass, else 1."""
+    checks = gpu_host.run_checks(kind)
+    ok = all(c.ok for c in checks)
+    if as_json:
+        _echo(json.dumps({"ok": ok, "checks": [c.to_json() for c in checks]}, indent=2))
+        raise typer.Exit(0 if ok else 1)
+    for check in checks:
+        _echo(check.line())
+    failed = sum(not c.ok for c in checks)
+    _echo(f"{len(checks)} checks, all passed" if ok else f"{failed} of {len(checks)} checks failed")
+    raise typer.Exit(0 if ok else 1)
 
 
 def _root_of(rt: runtime.RuntimeDir) -> str:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import base64
 import gzip
-import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
@@ -25,7 +22,7 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.forge.gitrepo import commit_to, git, make_origin
-from tests.support import bearer, wait_for
+from tests.support import bearer, served
 
 BRANCH = "autopilot/spectral/c0ffee01-fuse"
 REFS = "/git/spectral.git/info/refs?service=git-upload-pack"
@@ -64,20 +61,8 @@ def forge(settings: Settings, stores: Stores, tmp_path: Path) -> Forge:
 @pytest.fixture
 def server(settings: Settings, stores: Stores) -> Iterator[str]:
     """The API served by uvicorn in a thread on 127.0.0.1:<free port>; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # bound before the server starts: no race for the port
-    port = sock.getsockname()[1]
-    app = create_app(settings, stores)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout=30)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with served(create_app(settings, stores)) as url:
+        yield url
 
 
 def git_client(cwd: Path, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,13 +1,22 @@
-"""deploy/systemd units: they parse, and say what a GPU host needs."""
+"""deploy/systemd units and the GPU host's env file: they parse, and say what a GPU host needs."""
 
 from __future__ import annotations
 
 import configparser
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-UNITS = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
+from app.settings import ENV_PREFIX, Settings
+from workers.gpu_host import FORBIDDEN
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
+UNITS = DEPLOY / "systemd"
+GPU_HOST_ENV = DEPLOY / "gpu-host.env.example"
+# What a GPU host holds (DESIGN.md, "Hosts and boundaries"), and the unit's own variable.
+GPU_HOST_SETTINGS = {"state_dir", "broker_url", "ops_url", "control_url", "control_token"}
 NAMES = [
     "autopilot-api.service",
     "autopilot-control.service",
@@ -34,9 +43,11 @@ def test_unit_has_the_required_keys(name: str) -> None:
     assert {"Unit", "Service", "Install"} <= set(unit.sections())
     assert unit["Unit"]["Description"]
     service = unit["Service"]
-    assert service["EnvironmentFile"] == "/etc/autopilot/autopilot.env"
+    gpu_host = name == "autopilot-gpu@.service"
+    env_file = "gpu-host.env" if gpu_host else "autopilot.env"
+    assert service["EnvironmentFile"] == f"/etc/autopilot/{env_file}"
     assert service["ExecStart"].startswith("/srv/autopilot/.venv/bin/autopilot ")
-    assert service["Restart"] == "always"
+    assert service["Restart"] == ("on-failure" if gpu_host else "always")
     assert service["User"] == "autopilot"
     assert service["NoNewPrivileges"] == "yes"
     assert service["ProtectSystem"] == "strict"
@@ -62,3 +73,47 @@ def test_gpu_template_is_one_worker_per_gpu_index() -> None:
     # Hardening that would hide or break the GPU is absent.
     for breaks_gpu in ("PrivateDevices", "DevicePolicy", "MemoryDenyWriteExecute"):
         assert breaks_gpu not in service, breaks_gpu
+
+
+def assignments(path: Path) -> dict[str, str]:
+    """NAME=value of each line that sets a variable, commented ones under '#NAME'."""
+    found = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^(#?)\s*([A-Z][A-Z0-9_]*)=(.*)$", line)
+        if match:
+            found[match.group(1) + match.group(2)] = match.group(3)
+    return found
+
+
+def test_gpu_host_env_holds_exactly_the_gpu_host_settings() -> None:
+    found = assignments(GPU_HOST_ENV)
+    wanted = {ENV_PREFIX + name.upper() for name in GPU_HOST_SETTINGS}
+    assert set(found) == wanted | {"AUTOPILOT_GPU_KIND"}  # nothing commented out, nothing more
+    assert set(Settings.model_fields) >= GPU_HOST_SETTINGS
+    # The unit's variables all come from its env file.
+    exec_start = parse("autopilot-gpu@.service")["Service"]["ExecStart"]
+    assert set(re.findall(r"\$\{([A-Z_]+)\}", exec_start)) <= set(found)
+
+
+def test_gpu_host_env_never_holds_a_forge_or_session_secret() -> None:
+    text = GPU_HOST_ENV.read_text(encoding="utf-8")
+    for field in FORBIDDEN:
+        assert field in Settings.model_fields, field
+        name = ENV_PREFIX + field.upper()
+        assert not re.search(rf"^#?\s*{name}=", text, re.MULTILINE), name
+        assert name in text  # named in the header, as what the host must not hold
+
+
+def test_gpu_host_env_is_valid_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    settings = Settings(_env_file=str(GPU_HOST_ENV))  # type: ignore[call-arg]
+    assert settings.broker_url.startswith("redis://")
+    assert settings.ops_database_url.startswith("postgresql+psycopg://")
+    assert settings.control_url == "http://control.lab.example:8000"
+    assert settings.control_token is not None
+    assert settings.github_token is None and settings.session_secret is None
+    assert settings.memory_url is None
+    assert str(settings.state_dir) == "/var/lib/autopilot"
