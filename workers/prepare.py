@@ -21,6 +21,7 @@ from pathlib import Path
 from app import broker
 from app.db import Stores
 from app.errors import AutopilotError
+from app.forge import mirror
 from app.forge.git import GitWork
 from app.jobs import paths, preparation
 from app.projects import config as project_config
@@ -160,14 +161,15 @@ def export(settings: Settings, job_id: int, source: _Source) -> Path:
     """The job's commit fetched into this host's mirror cache and exported clean (no .git, no
     bytecode, nothing a previous run left) under this host's state dir."""
     work = GitWork(settings)
-    mirror, sha = work.fetch_commit(
+    cache, sha = mirror.fetch_commit(
+        work,
         source.project,
         source.repo,
         source.ref,
         source.head_sha,
         extra_env=control_auth(settings, source.repo),
     )
-    return work.export(mirror, sha, paths.source_dir(settings, job_id))
+    return mirror.export(work, cache, sha, paths.source_dir(settings, job_id))
 
 
 def control_auth(settings: Settings, url: str) -> dict[str, str]:

@@ -8,14 +8,10 @@ repository's config, so no token rests on disk.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
-import subprocess
-import tarfile
-import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +40,6 @@ log = logging.getLogger(__name__)
 
 REMOTE_PREFIX = "refs/remotes/origin/"
 BRANCH_PREFIX = "autopilot"
-_SHA = re.compile(r"^[0-9a-f]{7,64}$")
 _SHORT_ID = re.compile(r"^[A-Za-z0-9]{1,40}$")
 _SLUG_CHARS = re.compile(r"[^a-z0-9]+")
 # What a push error says when the remote refused it on purpose: retrying cannot help.
@@ -163,122 +158,6 @@ class GitWork:
                     f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
                 ) from None
         return mirror
-
-    def fetch_commit(
-        self,
-        project: str,
-        url: str,
-        branch: str,
-        sha: str | None,
-        *,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> tuple[Path, str]:
-        """Fetch one branch of `url` into the project's mirror and return (mirror, commit): the
-        commit `sha` (which must be on that branch's history) or, without one, the branch tip."""
-        check_url(url)
-        check_branch_name(branch)
-        if sha is not None and not _SHA.fullmatch(sha):
-            raise InvalidRef(f"{sha!r} is not a commit sha")
-        mirror = self.mirror_path(project)
-        with repo_lock(mirror):
-            if not (mirror / "HEAD").exists():
-                mirror.mkdir(parents=True, exist_ok=True)
-                self.git.run(["init", "--bare", "--quiet", str(mirror)], mirror.parent)
-            try:
-                self.git.run(
-                    [
-                        "fetch",
-                        "--quiet",
-                        "--no-tags",
-                        "--end-of-options",
-                        url,
-                        f"+refs/heads/{branch}:{REMOTE_PREFIX}{branch}",
-                    ],
-                    mirror,
-                    url=url,
-                    extra_env=extra_env,
-                )
-            except GitFailed as exc:
-                if "couldn't find remote ref" in exc.detail.lower():
-                    raise BaseBranchMissing(
-                        f"branch {branch!r} is not on {redact_text(url)[:200]} (deleted?)"
-                    ) from None
-                raise FetchFailed(
-                    f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
-                ) from None
-            tip = self.git.run(["rev-parse", f"{REMOTE_PREFIX}{branch}^{{commit}}"], mirror)
-            if sha is None:
-                return mirror, tip
-            if not self.git.ok(["merge-base", "--is-ancestor", sha, tip], mirror):
-                raise InvalidRef(
-                    f"commit {sha[:12]} is no longer on branch {branch!r} of the forge "
-                    "(force-pushed or rewritten since the job was submitted)"
-                )
-        return mirror, sha
-
-    def export(self, mirror: Path, sha: str, dest: Path) -> Path:
-        """A clean export of `sha` (its tree, no .git, nothing else) at `dest`, made once."""
-        if dest.is_dir():
-            return dest
-        staging = dest.with_name(f".{dest.name}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        # argv only, a validated sha: GitPython cannot hand its stdout over as a stream
-        with subprocess.Popen(  # noqa: S603
-            ["git", "archive", "--format=tar", sha],  # noqa: S607
-            cwd=mirror,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**self.git.env(), "GIT_DIR": str(mirror), "PATH": os.environ.get("PATH", "")},
-        ) as archive:
-            assert archive.stdout is not None
-            with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:
-                tar.extractall(staging, filter="data")
-            error = archive.stderr.read().decode(errors="replace") if archive.stderr else ""
-        if archive.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise GitFailed(f"git archive {sha[:12]} failed: {self.git.redact(error.strip())}")
-        staging.rename(dest)
-        return dest
-
-    def read_remote(self, url: str, branch: str, path: str) -> tuple[str, str | None]:
-        """Read `path` at the tip of `branch` of any repository, before it has a mirror (a
-        project being registered): a shallow fetch into a scratch bare repository."""
-        check_url(url)
-        check_branch_name(branch)
-        self.repos_dir.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".probe-", dir=self.repos_dir))
-        try:
-            self.git.run(["init", "--bare", "--quiet", str(scratch)], self.repos_dir)
-            try:
-                self.git.run(
-                    [
-                        "fetch",
-                        "--quiet",
-                        "--no-tags",
-                        "--depth=1",
-                        "--end-of-options",
-                        url,
-                        f"refs/heads/{branch}",
-                    ],
-                    scratch,
-                    url=url,
-                )
-            except GitFailed as exc:
-                if "couldn't find remote ref" in exc.detail.lower():
-                    raise BaseBranchMissing(
-                        f"branch {branch!r} does not exist on {redact_text(url)[:200]}"
-                    ) from None
-                raise FetchFailed(
-                    f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
-                ) from None
-            sha = self.git.run(["rev-parse", "FETCH_HEAD^{commit}"], scratch)
-            try:
-                return sha, self.git.run(["cat-file", "blob", f"{sha}:{path}"], scratch)
-            except GitFailed:
-                return sha, None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     def read_at(self, project: str, url: str, branch: str, path: str) -> tuple[str, str | None]:
         """Fetch the project's mirror from `url`, then read `path` at the tip of `branch`:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.db import Stores
-from app.forge import report
+from app.forge import mirror, report
 from app.forge.base import Forge, ProjectRef, PullRequest
 from app.forge.exceptions import BaseBranchMissing, MergeConflict, PullRequestNotOpen
 from app.forge.git import GitWork, Worktree
@@ -52,7 +52,7 @@ def config_at_base(
 
 def config_at_url(git_work: GitWork, url: str, branch: str) -> tuple[str, ProjectConfig]:
     """`autopilot.toml` at the tip of `branch` of a repository not registered yet."""
-    sha, text = git_work.read_remote(url, branch, CONFIG_FILE)
+    sha, text = mirror.read_remote(git_work, url, branch, CONFIG_FILE)
     return sha, _parse_at(sha, branch, text)
 
 

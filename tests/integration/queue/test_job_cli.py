@@ -40,8 +40,8 @@ def project(stores: Stores, tmp_path: Path) -> str:
     return "probe-cli"
 
 
-def doorbells(settings: Settings) -> list[Path]:
-    return sorted((settings.broker_dir / "queue").glob("*.prepare.msg"))
+def doorbells(settings: Settings) -> list[Path]:  # the job's GPU queue: its hosts prepare it
+    return sorted((settings.broker_dir / "queue").glob("*.gpu.cpu.msg"))
 
 
 def test_param_values_are_json_scalars_when_they_can_be() -> None:
