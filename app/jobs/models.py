@@ -58,6 +58,7 @@ class Job(OpsBase):
     wait_reason: Mapped[str | None] = mapped_column(String(255))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancelled_by: Mapped[str | None] = mapped_column(String(64))
+    log_tail: Mapped[str | None] = mapped_column(Text)
 
 
 class Lease(OpsBase):
