@@ -27,7 +27,7 @@ from app.jobs.models import Job
 from app.settings import Settings
 
 READ_BYTES = 1024 * 1024  # read of a stored log per step: a follower catches up in steps
-_PROBE_CHARS = 1024  # how much of the last tail locates its end in the next one
+_MAX_CANDIDATES = 1000  # places tried where the last tail may end in the next one
 UPLOAD_TYPES = ("text/plain", "application/octet-stream")
 
 
@@ -111,23 +111,24 @@ def trim_tail(text: str, limit_bytes: int) -> str:
 
 
 def appended(before: str, after: str) -> str:
-    """What `after` adds to `before`, both the end of one growing log read at two moments.
+    """What `after` adds to `before`, both the end of one growing log read at two moments, each
+    starting at a line boundary.
 
-    `before` ends where the longest overlap puts it. A log that repeats itself line for line can
-    hide new lines from this; when more than a whole tail was written between the two reads,
-    nothing overlaps and all of `after` is new.
+    `before` ends where their longest overlap puts it, and an overlap starts with `after`'s first
+    line. A log that repeats itself line for line can hide new lines from this; when more than a
+    whole tail was written between the two reads, nothing overlaps and all of `after` is new.
     """
     if not before:
         return after
-    if after.startswith(before):
-        return after[len(before) :]
-    probe = before[-_PROBE_CHARS:]
-    end = len(after)
-    while (found := after.rfind(probe, 0, end)) != -1:
-        overlap = found + len(probe)
-        if overlap <= len(before) and before.endswith(after[:overlap]):
+    first = after[: after.find("\n") + 1] or after
+    start = before.find(first)
+    for _ in range(_MAX_CANDIDATES):
+        if start == -1:
+            break
+        overlap = len(before) - start
+        if after.startswith(before[start:]):
             return after[overlap:]
-        end = overlap - 1
+        start = before.find(first, start + 1)
     return after
 
 
