@@ -54,7 +54,9 @@ def set_job(stores: Stores, job_id: int, **values: object) -> None:
             setattr(job, key, value)
 
 
-def put_log(client: TestClient, job_id: int, token: str | None, body: bytes = LOG) -> httpx.Response:
+def put_log(
+    client: TestClient, job_id: int, token: str | None, body: bytes = LOG
+) -> httpx.Response:
     headers = {"Content-Type": "application/octet-stream", **(bearer(token) if token else {})}
     return client.put(f"/api/v1/jobs/{job_id}/log", content=body, headers=headers)
 
@@ -107,8 +109,12 @@ def test_upload_from_the_log_file_itself(
 
 @pytest.mark.parametrize(
     ("who", "status", "slug"),
-    [(None, 401, "unauthorized"), ("trigger", 403, "forbidden"), ("review", 403, "forbidden"),
-     ("revoked", 401, "unauthorized")],
+    [
+        (None, 401, "unauthorized"),
+        ("trigger", 403, "forbidden"),
+        ("review", 403, "forbidden"),
+        ("revoked", 401, "unauthorized"),
+    ],
 )
 def test_only_a_worker_token_uploads(
     client: TestClient,

@@ -20,7 +20,8 @@ def test_tail_starts_at_a_line_boundary(tmp_path: Path) -> None:
     log.write_bytes(b"x" * 50)
     assert tail_text(log, 10) == "x" * 10  # one line longer than the tail: its end
     log.write_bytes("é\n".encode() * 10 + b"\xff\n")
-    assert tail_text(log, 7) == "é\né\n\ufffd\n"  # decoded with replacement
+    assert tail_text(log, 8) == "é\né\n\ufffd\n"  # decoded with replacement
+    assert tail_text(log, 7) == "é\n\ufffd\n"  # never half a character at the start
 
 
 def test_one_bound_for_the_db_tail_and_the_client() -> None:
