@@ -20,6 +20,7 @@ from app.api.deps import (
     TriggerToken,
     require,
 )
+from app.api.problems import PROBLEM_JSON
 from app.db import Stores
 from app.jobs import figures, logs
 from app.jobs import service as jobs
@@ -104,10 +105,19 @@ def job_log(
 @router.put(
     LOG_ROUTE,
     response_model=JobLogStored,
+    responses={
+        415: {
+            "description": "The body is not text/plain or application/octet-stream",
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+    },
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {t: {"schema": {"type": "string"}} for t in logs.UPLOAD_TYPES},
+            "content": {
+                "text/plain": {"schema": {"type": "string"}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
         }
     },
 )
