@@ -7,10 +7,13 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
+
+import uvicorn
 
 T = TypeVar("T")
 
@@ -81,10 +84,6 @@ class GitDaemon:
 @contextlib.contextmanager
 def serve(app: object) -> Iterator[str]:
     """An ASGI app served by uvicorn in a thread on 127.0.0.1:<free port>; yields its base URL."""
-    import threading
-
-    import uvicorn
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # bound before the server starts: no race for the port
     port = sock.getsockname()[1]
