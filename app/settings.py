@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     log_json: bool = False
     cors_origins: list[str] = Field(default_factory=list)
     max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_job_log_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="The largest job log a GPU host may upload (PUT /api/v1/jobs/<id>/log).",
+    )
 
     # The GPU handoff queue (issue 7). One queue per kind: gpu.<kind>.
     gpu_kinds: list[str] = Field(default_factory=lambda: ["cpu", "a100", "h100", "h200", "l40s"])

@@ -1,6 +1,13 @@
-"""Request size limit: a body larger than the limit is refused with 413 before it is read whole."""
+"""Request size limit: a body larger than the limit is refused with 413 before it is read whole.
+
+One limit for every request, except the routes given their own (a job's whole log is uploaded
+in one request and may be larger, or must be smaller, than any other body).
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -8,17 +15,28 @@ from app.errors import PROBLEM_BASE
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, routes: Mapping[str, int] | None = None
+    ) -> None:
+        """`routes`: a path pattern (the whole path must match) to the limit of its bodies."""
         self.app = app
         self.max_bytes = max_bytes
+        self.routes = [(re.compile(pattern), limit) for pattern, limit in (routes or {}).items()]
+
+    def limit(self, path: str) -> int:
+        for pattern, limit in self.routes:
+            if pattern.fullmatch(path):
+                return limit
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.limit(scope.get("path", ""))
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._refuse(send, max_bytes)
             return
         seen = 0
         refused = started = False
@@ -33,10 +51,10 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     refused = True
                     if not started:
-                        await self._refuse(send)
+                        await self._refuse(send, max_bytes)
                     return {"type": "http.disconnect"}
             return message
 
@@ -54,11 +72,11 @@ class BodySizeLimit:
             if not refused:  # after a refusal the app's error is the disconnect's echo
                 raise
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, max_bytes: int) -> None:
         body = (
             b'{"type":"' + PROBLEM_BASE.encode() + b'too-large","title":"Request too large",'
             b'"status":413,"detail":"the request body exceeds '
-            + str(self.max_bytes).encode()
+            + str(max_bytes).encode()
             + b' bytes"}'
         )
         await send(

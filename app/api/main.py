@@ -16,6 +16,7 @@ from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
 from app.db import Stores
 from app.forge.http import router as forge_http_router
+from app.jobs import router as jobs_router_module
 from app.jobs.router import router as jobs_router
 from app.memory.router import router as memory_router
 from app.projects.router import router as projects_router
@@ -45,7 +46,11 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     app.state.stores = stores
     problems.install(app)
     openapi.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        routes={API_PREFIX + jobs_router_module.LOG_ROUTE_PATTERN: settings.max_job_log_bytes},
+    )
     if settings.cors_origins:  # CORS stays off unless configured
         app.add_middleware(
             CORSMiddleware,

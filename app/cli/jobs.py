@@ -7,12 +7,11 @@ did not succeed exits 1.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,7 +19,7 @@ import typer
 from app.cli.common import echo_json, exit_on_domain_error, fail, load_settings, open_stores
 from app.db import Stores
 from app.errors import AutopilotError
-from app.jobs import paths
+from app.jobs import logs, paths
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED, JOB_STATES
 from app.jobs.schemas import JobOut, Scalar
@@ -32,7 +31,6 @@ job_app = typer.Typer(
 )
 
 POLL_S = 0.2
-LOG_CHUNK = 64 * 1024
 
 
 def parse_param(text: str) -> tuple[str, Scalar]:
@@ -207,53 +205,35 @@ def job_logs(
     job_id: Annotated[int, typer.Argument(help="The job's id")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow until it ends")] = False,
 ) -> None:
-    """Print a job's log; with --follow, stream it with the job's progress until it ends."""
+    """Print a job's log (the whole log once its GPU host uploaded it, else the tail the DB keeps);
+    with --follow, stream it with the job's progress until it ends."""
 
     settings = load_settings()
     stores = open_stores(settings)
     try:
         with stores.ops_session() as session:
             job = jobs.get(session, job_id)
-            path = paths.log_path(settings, job_id, job.log_path)
+            path, tail = logs.stored_log(settings, job), job.log_tail
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     if follow:
         state = follow_job(stores, settings, job_id)
         raise typer.Exit(0 if state == "succeeded" else 1)
-    reader = LogReader(path)
-    text = reader.read(final=True)
-    if text:
-        typer.echo(text, nl=not text.endswith("\n"))
+    chunks = logs.whole_log(path) if path is not None else None
+    if chunks is None:
+        chunks = iter([(tail or "").encode("utf-8")])
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    last = ""
+    for chunk in [*chunks, b""]:
+        text = decoder.decode(chunk, final=not chunk)
+        if text:
+            typer.echo(text, nl=False)
+            last = text[-1]
+    if last and last != "\n":
+        typer.echo("")
 
 
 # -- following a job ------------------------------------------------------------------------
-
-
-@dataclass
-class LogReader:
-    """Reads what was appended to a log since the last call, whole lines only until the end."""
-
-    path: Path
-    offset: int = 0
-    partial: bytes = b""
-
-    def read(self, *, final: bool = False) -> str:
-        data = b""
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                while chunk := handle.read(LOG_CHUNK):
-                    data += chunk
-        except FileNotFoundError:
-            pass
-        self.offset += len(data)
-        data = self.partial + data
-        if final:
-            self.partial = b""
-        else:
-            cut = data.rfind(b"\n") + 1
-            data, self.partial = data[:cut], data[cut:]
-        return data.decode("utf-8", "replace")
 
 
 def phase(job: Any) -> str:
@@ -295,7 +275,7 @@ def follow_job(
         typer.echo(line, err=True)
 
     write, say = out or echo_out, status or echo_status
-    reader: LogReader | None = None
+    follower = logs.LogFollower()
     shown = ""
     start = time.monotonic()
     try:
@@ -303,17 +283,17 @@ def follow_job(
             with stores.ops_session() as session:
                 job = jobs.get(session, job_id)
                 now_phase, state = phase(job), job.state
-                path = paths.log_path(settings, job_id, job.log_path)
-            if reader is None or reader.path != path:
-                reader = LogReader(path, offset=reader.offset if reader else 0)
-            finished = state in FINISHED
-            text = reader.read(final=finished)
+                finished = state in FINISHED
+                # the DB's tail while a GPU host runs it; the uploaded log once there is one
+                text = follower.read(settings, job, final=finished)
             if text:
                 write(text if text.endswith("\n") else text + "\n")
             if now_phase != shown:
                 shown = now_phase
                 stamp = datetime.now(UTC).strftime("%H:%M:%S")
                 say(f"[{stamp} +{time.monotonic() - start:6.1f}s] job {job_id} {now_phase}")
+            if follower.behind:
+                continue
             if finished:
                 return state
             time.sleep(poll_s)

@@ -24,12 +24,13 @@ from app.forge import report
 from app.forge.base import ProjectRef
 from app.forge.exceptions import GitFailed
 from app.forge.local import LocalForge
+from app.jobs import logs
 from app.jobs.models import Job
 from app.settings import Settings
 
 MAX_FILE_BYTES = 2 * 1024 * 1024
 MAX_DIFF_CHARS = 200_000
-LOG_TAIL_BYTES = 32 * 1024
+SHOWN_LOG_BYTES = 32 * 1024  # of a job's log on the page
 REPORT_FILES = ("REPORT.md", "plot.svg", "result.json")
 
 
@@ -125,20 +126,12 @@ def comments(
         return []
 
 
-def log_tail(job: Job | None, max_bytes: int = LOG_TAIL_BYTES) -> str | None:
-    """The end of the job's log (whole lines), or None when there is no log file."""
-    if job is None or not job.log_path:
+def log_tail(settings: Settings, job: Job | None, max_bytes: int = SHOWN_LOG_BYTES) -> str | None:
+    """The end of the job's log (whole lines): from the log its GPU host uploaded, else from the
+    tail the DB keeps while it runs; None when there is neither."""
+    if job is None:
         return None
-    path = Path(job.log_path)
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            if size > max_bytes:
-                handle.seek(size - max_bytes)
-                data = handle.read()
-                data = data.split(b"\n", 1)[-1]
-            else:
-                data = handle.read()
-    except OSError:
-        return None
-    return data.decode("utf-8", errors="replace")
+    path = logs.stored_log(settings, job)
+    if path is not None:
+        return logs.tail_text(path, max_bytes)
+    return None if job.log_tail is None else logs.trim_tail(job.log_tail, max_bytes)

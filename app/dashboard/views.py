@@ -202,7 +202,7 @@ def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str)
     page.environment = evidence.environment(result)
     page.diff = evidence.diff(settings, stores, ref, cycle.pr_number)
     page.comments = evidence.comments(settings, stores, ref, cycle.pr_number)
-    page.log_tail = evidence.log_tail(page.job)
+    page.log_tail = evidence.log_tail(settings, page.job)
     own = set(cycle.finding_ids or [])
     with stores.memory_session() as msession:
         for fid in cycle.finding_ids or []:

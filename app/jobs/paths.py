@@ -8,6 +8,9 @@ from pathlib import Path
 from app.settings import Settings
 
 LOG_NAME = "job.log"
+# How much of a running job's log the ops DB keeps (`Job.log_tail`): what the control host shows
+# of a job on another machine until its whole log is uploaded when it ends.
+LOG_TAIL_BYTES = 64 * 1024
 
 
 def job_dir(settings: Settings, job_id: int) -> Path:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, status
+from anyio import to_thread
+from fastapi import APIRouter, Depends, Query, Request, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from app.api.deps import (
@@ -18,16 +18,25 @@ from app.api.deps import (
     SettingsDep,
     StoresDep,
     TriggerToken,
+    require,
 )
+from app.api.problems import PROBLEM_JSON
 from app.db import Stores
-from app.jobs import figures, paths
+from app.jobs import figures, logs
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
-from app.jobs.schemas import JobCreate, JobOut, QueueOut, WorkerOut
+from app.jobs.schemas import JobCreate, JobLogStored, JobOut, QueueOut, WorkerOut
 from app.projects import service as ops
+from app.projects.models import ApiToken
+from app.settings import Settings
 
 router = APIRouter(tags=["gpu queue"])
-LOG_TAIL_BYTES = 64 * 1024
+# The upload's route; app.api.main gives it a body limit of its own (max_job_log_bytes).
+LOG_ROUTE = "/jobs/{job_id}/log"
+LOG_ROUTE_PATTERN = r"/jobs/[0-9]+/log"
+FOLLOW_POLL_S = 0.5
+# A GPU host's token (scope worker, or admin) hands logs in; reading them needs a reader's.
+WorkerToken = Annotated[ApiToken, Depends(require("worker"))]
 JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 
 
@@ -70,7 +79,7 @@ def cancel_job(job_id: RowId, session: OpsSession, token: TriggerToken) -> JobOu
     return JobOut.model_validate(jobs.cancel(session, job_id, by=token.name))
 
 
-@router.get("/jobs/{job_id}/log", response_model=None)
+@router.get(LOG_ROUTE, response_model=None)
 def job_log(
     job_id: RowId,
     _: AnyToken,
@@ -78,46 +87,72 @@ def job_log(
     settings: SettingsDep,
     follow: bool = False,
 ) -> PlainTextResponse | StreamingResponse:
-    """The log's tail; with `?follow=1`, a server-sent-events stream until the job ends."""
+    """The whole log once uploaded (else the tail the DB keeps while the job runs on a GPU host);
+    with `?follow=1`, a server-sent-events stream until the job ends."""
+    if follow:
+        with stores.ops_session() as session:
+            jobs.get(session, job_id)  # an unknown job is a 404, not an empty stream
+        return StreamingResponse(_follow(stores, settings, job_id), media_type="text/event-stream")
     with stores.ops_session() as session:
         job = jobs.get(session, job_id)
-        path = paths.log_path(settings, job_id, job.log_path)
-    if not follow:
-        return PlainTextResponse(_tail(path))
-    return StreamingResponse(_follow(stores, job_id, path), media_type="text/event-stream")
+        path, tail = logs.stored_log(settings, job), job.log_tail
+    chunks = logs.whole_log(path) if path is not None else None
+    if chunks is None:
+        return PlainTextResponse(tail or "")
+    return StreamingResponse(chunks, media_type="text/plain; charset=utf-8")
 
 
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - LOG_TAIL_BYTES))
-            return handle.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
+@router.put(
+    LOG_ROUTE,
+    response_model=JobLogStored,
+    responses={
+        415: {
+            "description": "The body is not text/plain or application/octet-stream",
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+        }
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "text/plain": {"schema": {"type": "string"}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
+async def upload_job_log(
+    job_id: RowId, request: Request, _: WorkerToken, stores: StoresDep, settings: SettingsDep
+) -> JobLogStored:
+    """A GPU host hands in a job's whole log (the request body) when the job ends; it replaces
+    any earlier copy at once, never half-written. Larger than AUTOPILOT_MAX_JOB_LOG_BYTES: 413."""
+    size = await logs.receive_upload(
+        stores, settings, job_id, request.headers.get("content-type"), request.stream()
+    )
+    return JobLogStored(job_id=job_id, bytes=size)
 
 
-async def _follow(stores: Stores, job_id: int, path: Path) -> AsyncIterator[str]:
-    offset = 0
+def _follow_step(
+    stores: Stores, settings: Settings, job_id: int, follower: logs.LogFollower
+) -> tuple[str, str]:
+    with stores.ops_session() as session:
+        job = jobs.get(session, job_id)
+        return job.state, follower.read(settings, job, final=job.state in FINISHED)
+
+
+async def _follow(stores: Stores, settings: Settings, job_id: int) -> AsyncIterator[str]:
+    # The file does not grow here while a GPU host runs the job: the DB's tail is re-read.
+    follower = logs.LogFollower()
     while True:
-        chunk = ""
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(offset)
-                data = handle.read(LOG_TAIL_BYTES)
-                offset += len(data)
-                chunk = data.decode("utf-8", "replace")
-        except FileNotFoundError:
-            pass
+        state, chunk = await to_thread.run_sync(_follow_step, stores, settings, job_id, follower)
         for line in chunk.splitlines():
             yield f"data: {line}\n\n"
-        with stores.ops_session() as session:
-            state = jobs.get(session, job_id).state
-        if state in FINISHED and not chunk:
+        if follower.behind:
+            continue
+        if state in FINISHED:
             yield f"event: end\ndata: {state}\n\n"
             return
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(FOLLOW_POLL_S)
 
 
 @router.get("/workers", response_model=list[WorkerOut])

@@ -44,6 +44,13 @@ class JobOut(BaseModel):
     result: dict[str, Any] | None = None
 
 
+class JobLogStored(BaseModel):
+    """The control host's copy of a job's whole log, as a GPU host uploaded it."""
+
+    job_id: int
+    bytes: int = Field(description="The stored log's size in bytes")
+
+
 class WorkerOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 

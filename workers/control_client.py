@@ -1,0 +1,78 @@
+"""The GPU host's client of the control host's API: a job's whole log is handed in when the job
+ends (the control host never reads this host's disk), and the bounded tail the worker keeps in
+the ops DB while the job runs is cut here from the log file (`tail_text`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from app.jobs.logs import tail_text
+from app.jobs.paths import LOG_TAIL_BYTES
+from app.settings import Settings, redact_text
+
+__all__ = ["LOG_TAIL_BYTES", "LogUploadFailed", "tail_text", "upload_log"]
+
+# The route of app.jobs.router (LOG_ROUTE) under the API's prefix (app.api.main.API_PREFIX),
+# written out: importing the API application would load all of it into every GPU worker. The
+# loopback test against the real app checks the two agree.
+LOG_UPLOAD_PATH = "/api/v1/jobs/{job_id}/log"
+# Connecting fails fast; a large log on a slow link may take a while between chunks.
+UPLOAD_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+class LogUploadFailed(Exception):
+    """The control host did not take a job's log. The message names the job, the URL and the
+    reason, never the token."""
+
+
+def upload_log(
+    settings: Settings, job_id: int, path: Path, *, timeout: httpx.Timeout = UPLOAD_TIMEOUT
+) -> None:
+    """Send the job's whole log at `path` to the control host, streamed from the file."""
+    token = settings.control_token.get_secret_value() if settings.control_token else ""
+    url = settings.control_url + LOG_UPLOAD_PATH.format(job_id=job_id)
+    where = f"job {job_id}'s log to {redact_text(url)}"
+    if not token:
+        raise LogUploadFailed(
+            f"cannot upload {where}: AUTOPILOT_CONTROL_TOKEN is not set (a token with scope "
+            "worker, from `autopilot token create`)"
+        )
+    try:
+        with open(path, "rb") as body:
+            response = httpx.put(
+                url,
+                content=body,
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Content-Type": "application/octet-stream",
+                },
+                timeout=timeout,
+            )
+    except FileNotFoundError:
+        raise LogUploadFailed(f"cannot upload {where}: {path} does not exist") from None
+    except (OSError, httpx.HTTPError) as exc:
+        # `from None`: a chained httpx error carries the request, headers and all.
+        reason = f"{type(exc).__name__}: {exc}"
+        raise LogUploadFailed(_without(f"cannot upload {where}: {reason}", token)) from None
+    if response.status_code >= 400:
+        reason = f"HTTP {response.status_code}: {_detail(response)}"
+        raise LogUploadFailed(_without(f"cannot upload {where}: {reason}", token))
+
+
+def _detail(response: httpx.Response) -> str:
+    """The problem's `detail` when the answer is problem+json, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict) and isinstance(body.get("detail"), str):
+        return str(body["detail"])
+    return response.text[:200]
+
+
+def _without(message: str, token: str) -> str:
+    # Defence in depth: neither the control host's answer nor an httpx error should echo the
+    # token, but a message that leaves this module never holds it.
+    return message.replace(token, "***") if token else message
