@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session
 from app import broker
 from app.db import Stores
 from app.errors import InvalidInput
-from app.jobs import paths, preparation
+from app.jobs import logs, paths, preparation
 from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
-from workers import prepare
+from workers import control_client, prepare
 from workers.launcher import runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import SpareSlot
@@ -82,7 +82,7 @@ class RunLoop:
     #: The worker's parked interpreter; None runs every job cold (in-process callers).
     spares: SpareSlot | None = None
     #: Prepares this host's next jobs while the GPU runs one; None prepares only when idle.
-    preparer: Preparer | None = None
+    preparer: prepare.Preparer | None = None
     #: Launch settings read for the job in line and the job running (by source, experiment).
     _launches: dict[tuple[str, str], prepare.LaunchSettings] = field(default_factory=dict)
 
@@ -149,7 +149,23 @@ class RunLoop:
             self._ring(cycle_id)
             raise
         self._ring(cycle_id)
+        if done is not None:
+            self._upload_log(done[0].job_id)
         return ticket
+
+    def _upload_log(self, job_id: int) -> None:
+        """The whole log to the control host, after the outcome is stored and off the GPU's
+        path; should it fail, the tail in the DB is what the control host shows."""
+
+        def upload() -> None:
+            try:
+                control_client.upload_log(
+                    self.settings, job_id, paths.log_path(self.settings, job_id)
+                )
+            except control_client.LogUploadFailed as exc:
+                log.warning("%s", exc)
+
+        threading.Thread(target=upload, name=f"log-upload-{job_id}", daemon=True).start()
 
     def _finish(self, session: Session, ticket: Ticket, result: jobs.JobOutcome) -> int | None:
         try:
@@ -277,6 +293,7 @@ class RunLoop:
             if spare is not None:
                 spare.close()  # no-op once run_job has used it; kills it if we never got there
             self.pending_cleanup.append(rt)
+        result.log_tail = logs.tail_text(log_path, paths.LOG_TAIL_BYTES)
         return result
 
     def _spawned(self, job_id: int, pid: int, pgid: int, beat: Heartbeat) -> None:
@@ -401,43 +418,6 @@ class Ticket:
         )
 
 
-class Preparer:
-    """A GPU worker's background preparer: kicked when a job starts, it prepares this host's
-    next jobs (up to `prepare_ahead` ready) while the GPU runs, so the next lease finds its
-    export and venv in place (DESIGN.md, lesson 3)."""
-
-    def __init__(self, stores: Stores, settings: Settings, queue: str) -> None:
-        self.stores, self.settings, self.queue = stores, settings, queue
-        self._kicked = threading.Event()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def kick(self) -> None:
-        if self.settings.prepare_ahead <= 0 or self._closed:
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="preparer", daemon=True)
-            self._thread.start()
-        self._kicked.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._kicked.set()
-
-    def _run(self) -> None:
-        while True:
-            self._kicked.wait()
-            self._kicked.clear()
-            if self._closed:
-                return
-            try:
-                prepare.prepare_ahead(
-                    self.stores, self.settings, self.queue, want=self.settings.prepare_ahead
-                )
-            except Exception:  # a preparation error is recorded per job; this is the DB away
-                log.warning("preparing ahead on %s failed", self.queue, exc_info=True)
-
-
 class Heartbeat:
     """Renews the lease while the job runs; kills the job's group when cancellation is asked."""
 
@@ -463,7 +443,13 @@ class Heartbeat:
             try:
                 with self.loop.stores.ops_session() as session:
                     wanted = jobs.heartbeat(
-                        session, self.loop.settings, self.job_id, self.loop.me.name
+                        session,
+                        self.loop.settings,
+                        self.job_id,
+                        self.loop.me.name,
+                        log_tail=logs.tail_text(
+                            paths.log_path(self.loop.settings, self.job_id), paths.LOG_TAIL_BYTES
+                        ),
                     )
             except jobs.LeaseLost:
                 wanted = True  # someone else owns it now: stop ours

@@ -15,6 +15,7 @@ import fcntl
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,3 +213,40 @@ def guard_env(settings: Settings, env: venv.Venv, source: Path) -> dict[str, str
         return spec.env()
     finally:
         runtime.release_runtime(probe)
+
+
+class Preparer:
+    """A GPU worker's background preparer: kicked when a job starts, it prepares this host's
+    next jobs (up to `prepare_ahead` ready) while the GPU runs, so the next lease finds its
+    export and venv in place (DESIGN.md, lesson 3)."""
+
+    def __init__(self, stores: Stores, settings: Settings, queue: str) -> None:
+        self.stores, self.settings, self.queue = stores, settings, queue
+        self._kicked = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def kick(self) -> None:
+        if self.settings.prepare_ahead <= 0 or self._closed:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="preparer", daemon=True)
+            self._thread.start()
+        self._kicked.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._kicked.set()
+
+    def _run(self) -> None:
+        while True:
+            self._kicked.wait()
+            self._kicked.clear()
+            if self._closed:
+                return
+            try:
+                prepare_ahead(
+                    self.stores, self.settings, self.queue, want=self.settings.prepare_ahead
+                )
+            except Exception:  # a preparation error is recorded per job; this is the DB away
+                log.warning("preparing ahead on %s failed", self.queue, exc_info=True)

@@ -10,7 +10,7 @@ from celery.signals import worker_shutdown
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
-from workers import gpu, reaper
+from workers import gpu, prepare, reaper
 from workers.celery_app import celery
 from workers.launcher.spare import SpareSlot
 
@@ -21,7 +21,7 @@ IDENTITY: gpu.WorkerIdentity | None = None
 # The GPU worker's parked interpreter for its next job, kept across doorbells.
 SPARES = SpareSlot()
 # Its background preparer (made at the first doorbell: the queue is known by then).
-PREPARER: gpu.Preparer | None = None
+PREPARER: prepare.Preparer | None = None
 
 
 @worker_shutdown.connect
@@ -45,7 +45,7 @@ def run_jobs(queue: str) -> int:
         return 0
     global PREPARER
     if PREPARER is None:
-        PREPARER = gpu.Preparer(stores(), get_settings(), me.queue)
+        PREPARER = prepare.Preparer(stores(), get_settings(), me.queue)
     loop = gpu.RunLoop(stores(), get_settings(), me, spares=SPARES, preparer=PREPARER)
     return loop.run_available()
 

@@ -301,8 +301,11 @@ def mark_first_line(session: Session, job_id: int, worker: str, at: datetime) ->
     session.flush()
 
 
-def heartbeat(session: Session, settings: Settings, job_id: int, worker: str) -> bool:
-    """Renew the lease; True when someone asked to cancel the job."""
+def heartbeat(
+    session: Session, settings: Settings, job_id: int, worker: str, log_tail: str | None = None
+) -> bool:
+    """Renew the lease (and keep the log's tail, which the control host shows while the job
+    runs elsewhere); True when someone asked to cancel the job."""
     lease = _own_lease(session, job_id, worker)
     now = utcnow()
     lease.heartbeat_at, lease.expires_at = now, now + timedelta(seconds=settings.lease_ttl_s)
@@ -310,6 +313,8 @@ def heartbeat(session: Session, settings: Settings, job_id: int, worker: str) ->
     if seen is not None:
         seen.last_seen = now
     job = get(session, job_id)
+    if log_tail is not None:
+        job.log_tail = log_tail
     session.flush()
     return job.cancel_requested_at is not None
 
@@ -322,6 +327,7 @@ class JobOutcome:
     result: dict[str, Any] | None = None
     result_path: str | None = None
     log_path: str | None = None
+    log_tail: str | None = None
     gpu_seconds: float = 0.0
     finished_at: datetime = field(default_factory=utcnow)
 
@@ -338,6 +344,8 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
         outcome.log_path,
     )
     job.gpu_seconds, job.finished_at = outcome.gpu_seconds, outcome.finished_at
+    if outcome.log_tail is not None:
+        job.log_tail = outcome.log_tail
     repo.delete(session, lease)
     row = repo.get_worker(session, worker)
     if row is not None:
