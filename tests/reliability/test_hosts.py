@@ -166,7 +166,9 @@ def test_twenty_cycles_over_two_gpu_hosts(
             cycles = wait_for(settled, timeout=180, interval=0.5)
         except AssertionError:
             pending = {i: c["state"] for i, c in states().items() if c["state"] not in ENDED}
-            raise AssertionError(f"cycles not settled: {pending}\n{workers.logs()[-6000:]}")
+            raise AssertionError(
+                f"cycles not settled: {pending}\n{workers.logs()[-6000:]}"
+            ) from None
     wall_s = time.monotonic() - began
     logs = workers.logs()
     assert {c["state"] for c in cycles.values()} == {"awaiting_review"}, (
@@ -185,6 +187,9 @@ def test_twenty_cycles_over_two_gpu_hosts(
         assert _runs(state_dirs[host], job_id) and len(_runs(state_dirs[host], job_id)) == 1
         assert [h for h in HOSTS if h != host and _runs(state_dirs[h], job_id)] == []
         assert Path(row.workdir or "").is_relative_to(state_dirs[host]), (job_id, row.workdir)
+        # Its code came as a commit through the API's git endpoint, not from a path.
+        assert (row.repo or "").startswith(settings.control_url), (job_id, row.repo)
+        assert row.head_sha and row.base_sha, job_id
         by_host[host] = by_host.get(host, 0) + 1
     assert set(by_host) == set(HOSTS), (by_host, logs[-4000:])
     assert leases_of(stores, job_ids) == []
@@ -200,7 +205,7 @@ def test_twenty_cycles_over_two_gpu_hosts(
     }
 
 
-def _running_on(stores: Stores, state_dirs: dict[str, Path], job_id: int) -> tuple[str, int]:
+def _running_on(stores: Stores, state_dirs: dict[str, Path], job_id: int) -> tuple[str, int] | None:
     """(host, experiment pid) once the job's experiment runs under a lease; else falsy."""
     with stores.ops_session() as session:
         found = session.execute(
@@ -209,13 +214,13 @@ def _running_on(stores: Stores, state_dirs: dict[str, Path], job_id: int) -> tup
             .where(Job.id == job_id)
         ).first()
     if found is None:
-        return None  # type: ignore[return-value]
+        return None
     state, host, pid, worker = found
     if state != "running" or pid is None or host not in HOSTS:
-        return None  # type: ignore[return-value]
+        return None
     assert (worker or "").endswith(f"@{host}"), (worker, host)
     if not _runs(state_dirs[host], job_id):
-        return None  # type: ignore[return-value]  # not started yet: the kill must land mid-job
+        return None  # not started yet: the kill must land mid-job
     return host, pid
 
 
@@ -228,7 +233,9 @@ def test_a_gpu_host_killed_mid_job_its_job_completes_on_the_other(
     repo = make_repo(tmp_path, "hosts-kill")
     # A longer point than the probe's default space offers, so the kill lands mid-job.
     toml = repo / "autopilot.toml"
-    toml.write_text(toml.read_text().replace("sleep_s = [0.05,", "sleep_s = [6, 0.05,"))
+    declared = toml.read_text()
+    assert "sleep_s = [0.05," in declared
+    toml.write_text(declared.replace("sleep_s = [0.05,", "sleep_s = [6, 0.05,"))
     subprocess.run(["git", "commit", "-qam", "a 6 s point"], cwd=repo, check=True)
     token = _project(stores, repo)
     workers.start("control", "control", "--beat")
@@ -252,9 +259,13 @@ def test_a_gpu_host_killed_mid_job_its_job_completes_on_the_other(
 
         job_id = wait_for(lambda: cycle()["job_id"], timeout=90)
         try:
-            victim, pid = wait_for(lambda: _running_on(stores, state_dirs, job_id), timeout=90)
+            found = wait_for(lambda: _running_on(stores, state_dirs, job_id), timeout=90)
         except AssertionError:
-            raise AssertionError(f"job {job_id} never ran: {cycle()}\n{workers.logs()[-6000:]}")
+            raise AssertionError(
+                f"job {job_id} never ran: {cycle()}\n{workers.logs()[-6000:]}"
+            ) from None
+        assert found is not None
+        victim, pid = found
         survivor = next(h for h in HOSTS if h != victim)
         killed_at = time.monotonic()
         workers.kill(victim)  # SIGKILL to the host's whole process group
@@ -263,7 +274,9 @@ def test_a_gpu_host_killed_mid_job_its_job_completes_on_the_other(
         try:
             ended = wait_for(lambda: (c := cycle())["state"] in ENDED and c, timeout=120)
         except AssertionError:
-            raise AssertionError(f"cycle not settled: {cycle()}\n{workers.logs()[-6000:]}")
+            raise AssertionError(
+                f"cycle not settled: {cycle()}\n{workers.logs()[-6000:]}"
+            ) from None
     recovered_s = time.monotonic() - killed_at
     logs = workers.logs()
     assert ended["state"] == "awaiting_review", (ended, logs[-6000:])
