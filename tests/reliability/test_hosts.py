@@ -96,12 +96,23 @@ def _registered(stores: Stores) -> dict[str, str] | None:
     return found if set(found.values()) == set(HOSTS) else None
 
 
+def _inside(unshare_pid: int) -> int:
+    """The GPU worker's pid: the child unshare forked (the prologue's shell exec'd it)."""
+    children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+    assert children, f"unshare {unshare_pid} has no child"
+    return int(children[0])
+
+
 def _host_env(pid: int) -> set[str]:
-    """The AUTOPILOT_ settings in a process's environment (the GPU worker under unshare+sh)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    assert children, f"unshare {pid} has no child"
-    raw = Path(f"/proc/{children[0]}/environ").read_bytes().split(b"\0")
+    """The AUTOPILOT_ settings in a process's environment."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return {e.split(b"=", 1)[0].decode() for e in raw if e.startswith(b"AUTOPILOT_")}
+
+
+def _tmpfs_mounts(pid: int) -> set[str]:
+    """Mount points of the tmpfs filesystems a process sees (its mount namespace)."""
+    lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+    return {f.split()[4] for f in lines if f.split(" - ")[1].split()[0] == "tmpfs"}
 
 
 def _runs(state_dir: Path, job_id: int) -> list[str]:
@@ -132,8 +143,11 @@ def test_twenty_cycles_over_two_gpu_hosts(
     workers.start("control", "control", "--beat")
     state_dirs = _start_hosts(workers, tmp_path, [settings.state_dir.absolute(), repo])
     wait_for(lambda: _registered(stores), timeout=60)
-    for host in HOSTS:  # only a GPU host's settings reached it
-        assert _host_env(workers.procs[host].pid) == HOST_SETTINGS
+    for host in HOSTS:  # its own namespaces, and only a GPU host's settings
+        pid = _inside(workers.procs[host].pid)
+        assert os.readlink(f"/proc/{pid}/ns/uts") != os.readlink("/proc/self/ns/uts")
+        assert {str(settings.state_dir.absolute()), str(repo)} <= _tmpfs_mounts(pid)
+        assert _host_env(pid) == HOST_SETTINGS
 
     began = time.monotonic()
     with TestClient(create_app(settings, stores)) as client:
