@@ -174,6 +174,73 @@ class Workers:
         self.procs[name] = proc
         return proc
 
+    @staticmethod
+    def host_argv(hostname: str, hidden: list[Path], command: list[str]) -> list[str]:
+        """`command` as if on another machine (root only): its own UTS namespace with
+        `hostname`, its own mount namespace (private propagation) in which each `hidden`
+        directory of the control host lies under an empty tmpfs."""
+        script = (
+            'set -eu; hostname "$1"; shift; '
+            'while [ "$1" != -- ]; do mount -t tmpfs -o size=1m,mode=0755 hidden "$1"; shift; done; '
+            'shift; exec "$@"'
+        )
+        return [
+            "unshare",
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+            "--fork",
+            "--kill-child",
+            "sh",
+            "-c",
+            script,
+            "gpu-host",
+            hostname,
+            *(str(p) for p in hidden),
+            "--",
+            *command,
+        ]
+
+    def start_gpu_host(
+        self, name: str, hostname: str, state_dir: Path, hidden: list[Path], device: str = "0"
+    ) -> subprocess.Popen[bytes]:
+        """A GPU worker on a GPU host of its own (see `host_argv`): its own state dir and only
+        a GPU host's settings (DESIGN.md, "Hosts and boundaries"); no memory DB, no forge token,
+        no session secret. `kill(name)` kills the whole host."""
+        if "api" not in self.procs:
+            self.start_api()
+        s = self.settings
+        assert s.control_token is not None
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
+        env.update(
+            {
+                "AUTOPILOT_BROKER_URL": s.broker_url,
+                "AUTOPILOT_OPS_URL": s.ops_database_url,
+                "AUTOPILOT_CONTROL_URL": s.control_url,
+                "AUTOPILOT_CONTROL_TOKEN": s.control_token.get_secret_value(),
+                "AUTOPILOT_STATE_DIR": str(state_dir),
+                "AUTOPILOT_VENV_ROOT": str(s.venv_root),
+                "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": str(s.venv_system_site_packages).lower(),
+                "AUTOPILOT_LEASE_TTL_S": str(s.lease_ttl_s),
+                "AUTOPILOT_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
+            }
+        )
+        state_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "workers.cli", "worker", "gpu", "--kind", "cpu"]
+        command += ["--device", device, "--loglevel", "WARNING"]
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            self.host_argv(hostname, hidden, command),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=state_dir,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
         os.killpg(proc.pid, signal.SIGKILL)
