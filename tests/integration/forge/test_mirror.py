@@ -13,9 +13,10 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
+from app.forge import mirror
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
-from app.forge.exceptions import BaseBranchMissing, FetchFailed
+from app.forge.exceptions import BaseBranchMissing, FetchFailed, InvalidRef
 from app.forge.git import GitWork
 from app.projects import service as ops
 from app.projects.config import ConfigError
@@ -139,3 +140,30 @@ def test_credentials_in_a_repo_url_are_refused_at_registration(
         assert "secret" not in answer.text  # the refused URL is not echoed back
         listed = client.get("/api/v1/projects", headers=bearer(admin)).json()
     assert listed == []
+
+
+def test_a_commit_force_pushed_away_is_refused_when_a_host_fetches_it(
+    served: tuple[GitDaemon, Path], settings: Settings
+) -> None:
+    daemon, work = served
+    git(work, "checkout", "-q", "-b", "autopilot/lab/1-x")
+    (work / "notes.txt").write_text("candidate\n")
+    git(work, "add", "notes.txt")
+    git(work, "commit", "-qm", "candidate")
+    git(work, "push", "-q", "served", "autopilot/lab/1-x")
+    candidate = git(work, "rev-parse", "HEAD")
+    host = GitWork(settings)  # a GPU host's own mirror cache
+    cache, sha = mirror.fetch_commit(
+        host, "lab", daemon.url("lab.git"), "autopilot/lab/1-x", candidate
+    )
+    exported = mirror.export(host, cache, sha, settings.state_dir / "jobs" / "1" / "src")
+    assert (exported / "notes.txt").read_text() == "candidate\n"
+    assert not (exported / ".git").exists()
+    # the branch is rewritten on the server: the job's commit is gone from it
+    git(work, "reset", "-q", "--hard", "HEAD~1")
+    (work / "notes.txt").write_text("rewritten\n")
+    git(work, "add", "notes.txt")
+    git(work, "commit", "-qm", "rewritten")
+    git(work, "push", "-q", "--force", "served", "autopilot/lab/1-x")
+    with pytest.raises(InvalidRef, match=f"{candidate[:12]} is no longer on branch"):
+        mirror.fetch_commit(host, "lab", daemon.url("lab.git"), "autopilot/lab/1-x", candidate)
