@@ -41,6 +41,11 @@ class JobOut(BaseModel):
     wait_reason: str | None
     cancelled_by: str | None
     cancel_requested_at: datetime | None
+    # The code it runs, as a commit GPU hosts fetch: from where, which branch, which commits.
+    repo: str | None = None
+    ref: str | None = None
+    head_sha: str | None = None
+    base_sha: str | None = None
     result: dict[str, Any] | None = None
 
 
