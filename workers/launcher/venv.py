@@ -176,7 +176,7 @@ def _build(
         if not wanted:
             return
         req_file = target / REQUIREMENTS_FILE
-        req_file.write_text("\n".join(wanted) + "\n")
+        req_file.write_text("\n".join(_private_sources(wanted, target / "src")) + "\n")
         install = [
             str(target / "bin" / "python"),
             "-m",
@@ -187,6 +187,24 @@ def _build(
             str(req_file),
         ]
         _run_logged(install, log, report, "install", install_timeout_s)
+
+
+def _private_sources(requirements: Sequence[str], into: Path) -> list[str]:
+    """Requirements that name a local source folder (the harness) are installed from a private
+    copy: pip's setuptools build writes `build/` and `*.egg-info` into the folder it builds, and
+    two venvs built at once from one folder (two projects, two GPU workers of a host) corrupt
+    each other's build."""
+    out: list[str] = []
+    for line in requirements:
+        folder = Path(line)
+        if folder.is_absolute() and folder.is_dir():
+            copy = into / f"{len(out)}-{folder.name}"
+            shutil.copytree(
+                folder, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+            )
+            line = str(copy)
+        out.append(line)
+    return out
 
 
 #: Written into a venv built with system site packages over a base that is itself a venv.
