@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,12 +90,14 @@ def start_demo(tmp_path: Path) -> Iterator[StartDemo]:
         return demo
 
     yield start
-    # A failed test leaves nothing running on the CI host either.
+    # A failed test leaves nothing running on the CI host either: the lock file names the
+    # services even after its demo died.
     for demo in started:
-        record = demo.record()
         with contextlib.suppress(ProcessLookupError):
             demo.proc.kill()
         demo.proc.wait()
+        path = demo_lock.lock_path(demo.state_dir)
+        record = demo_lock.DemoRecord.parse(path.read_text()) if path.exists() else None
         for pid in record.services.values() if record else ():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
@@ -147,20 +150,28 @@ def test_sigterm_after_review_stops_every_service(start_demo: StartDemo) -> None
     assert "verdict:" in demo.stdout.read_text()
     record = demo.up()
     assert record is not None and record.pid == demo.proc.pid
+
     # `autopilot status` on the same state dir lists the demo's services, alive.
-    status = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "status", "--json"],
-        env=demo_env(demo.state_dir, demo.port),
-        cwd=demo.state_dir.parent,
-        capture_output=True,
-        timeout=60,
-        check=True,
-    )
-    shown = json.loads(status.stdout)["demo"]
+    def status(*args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "workers.cli", "status", *args],
+            env=demo_env(demo.state_dir, demo.port),
+            cwd=demo.state_dir.parent,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+
+    shown = json.loads(status("--json"))["demo"]
     assert shown["pid"] == demo.proc.pid and shown["url"] == f"http://127.0.0.1:{demo.port}"
     assert {(s["name"], s["pid"], s["alive"]) for s in shown["services"]} == {
         (name, pid, True) for name, pid in record.services.items()
     }
+    text = status()
+    assert f"DEMO  pid {demo.proc.pid} on {record.url}" in text
+    for name, pid in record.services.items():
+        assert re.search(rf"^  {re.escape(name)} +pid {pid} +alive$", text, re.MULTILINE), text
 
     demo.proc.send_signal(signal.SIGTERM)  # `kill`, an IDE's stop button
 
