@@ -8,11 +8,13 @@ cycle over REST, follows it, and prints the verdict, the headline figure and whe
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,13 +25,14 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from app import migrate
+from app import demo_lock, migrate
 from app.cycles import service as cycles
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.exceptions import ProjectNotFound
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
+from workers.launcher.launch import dies_with_parent, killpg
 
 TEMPLATE = (
     Path(__file__).resolve().parent.parent / "experiments" / "projects" / "complex_contraction"
@@ -70,13 +73,49 @@ def _git_env() -> dict[str, str]:
     }
 
 
+#: How a user stops the demo: Ctrl-C in its terminal, closing that terminal, `kill`.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: How long each service gets for its warm shutdown before its process group is killed.
+GRACE_S = 15.0
+
+
+class StopRequested(BaseException):
+    """A stop signal reached the demo (a BaseException, like KeyboardInterrupt: nothing on the
+    way up may swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise StopRequested(signum)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP all raise StopRequested while the demo runs, so that each
+    unwinds through `services` and stops them in order."""
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def services(
-    settings: Settings, log_dir: Path, *, worker_token: str
-) -> Iterator[list[subprocess.Popen[bytes]]]:
+    settings: Settings, log_dir: Path, *, worker_token: str, lock: demo_lock.DemoLock
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     """The API, the control worker (with beat) and one CPU GPU-worker, as child processes. The
     GPU worker talks to the others only through the broker, the ops DB and the API (its own
-    token), as a GPU host on another machine would."""
+    token), as a GPU host on another machine would.
+
+    Each service leads a session of its own (a terminal's Ctrl-C reaches only the demo, which
+    stops them in order) and gets SIGTERM when the demo dies, however it dies (the launcher's
+    parent-death signal; SIGTERM so that Celery still shuts down warm). Its pid goes into the
+    demo's lock file, where `autopilot status` finds it."""
     env = dict(os.environ)
     # The demo's project venv reuses this environment's torch instead of installing one.
     env.setdefault("AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES", "true")
@@ -87,36 +126,75 @@ def services(
         "control": ["worker", "control", "--beat", "--loglevel", "WARNING"],
         "gpu-cpu-0": ["worker", "gpu", "--kind", "cpu", "--device", "0", "--loglevel", "WARNING"],
     }
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, args in commands.items():
-            log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
             own = {"AUTOPILOT_CONTROL_TOKEN": worker_token} if args[1:2] == ["gpu"] else {}
-            procs.append(
-                subprocess.Popen(  # noqa: S603 - our own CLI, fixed argv
+            with open(log_dir / f"{name}.log", "ab") as log:
+                procs[name] = subprocess.Popen(  # noqa: S603 - our own CLI, fixed argv
                     [sys.executable, "-m", "workers.cli", *args],
                     env={**env, **own},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=dies_with_parent(os.getpid(), signal.SIGTERM),
                 )
-            )
+            lock.add_service(name, procs[name].pid)
         yield procs
     finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop(procs)
 
 
-def wait_healthy(base: str, procs: list[subprocess.Popen[bytes]], timeout: float = 60) -> None:
+def stop(procs: dict[str, subprocess.Popen[bytes]], grace: float = GRACE_S) -> None:
+    """SIGTERM to every service's group, then each awaited in order for up to `grace` seconds;
+    then SIGKILL to its group, which also takes any process its leader left behind. A second
+    stop signal (Ctrl-C again) cuts the grace short."""
+    hurry: list[int] = []
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: hurry.append(signum))
+    for proc in procs.values():
+        killpg(proc.pid, signal.SIGTERM)
+    for proc in procs.values():
+        deadline = time.monotonic() + grace
+        while not _exited(proc) and time.monotonic() < deadline and not hurry:
+            time.sleep(0.05)
+        # Before the leader is reaped, so that its pid (the group's id) cannot be reused yet.
+        killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has exited, without reaping it."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on host:port (probed as uvicorn binds, with
+    SO_REUSEADDR, so a port a previous demo left in TIME_WAIT counts as free)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror:
+        return False  # the API reports a bad host itself
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def wait_healthy(base: str, procs: dict[str, subprocess.Popen[bytes]], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
+        if any(p.poll() is not None for p in procs.values()):
             raise RuntimeError("a service exited while starting; see the logs in var/demo/logs")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
@@ -151,11 +229,44 @@ def demo_command(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON")] = False,
 ) -> None:
-    """Run one whole cycle on the example project and leave the service up for review."""
-    from app.cli.common import load_settings
+    """Run one whole cycle on the example project and leave the service up for review.
+
+    One demo per state dir (the lock `<state dir>/demo.lock`); Ctrl-C, closing the terminal or
+    `kill` stop its services in order, and they die with it even on `kill -9`."""
+    from app.cli.common import fail, load_settings
 
     settings = load_settings()
     base = f"http://{settings.host}:{settings.port}"
+    try:
+        lock, stale = demo_lock.acquire(settings.state_dir, base)
+    except demo_lock.DemoRunning as exc:
+        stop_it = f"kill {exc.record.pid}" if exc.record else "stop it"
+        fail(f"{exc}; {stop_it}, or give this one another AUTOPILOT_STATE_DIR")
+    try:
+        if stale is not None:
+            typer.echo(
+                f"a stale demo lock (pid {stale.pid}, started {stale.started_at}, no longer "
+                "running) was taken over",
+                err=True,
+            )
+        if port_taken(settings.host, settings.port):
+            fail(
+                f"port {settings.port} on {settings.host} is taken by another process; "
+                f"choose another with AUTOPILOT_PORT (e.g. AUTOPILOT_PORT={settings.port + 1})"
+            )
+        with stop_signals():
+            try:
+                _run(settings, base, lock, once=once, as_json=as_json)
+            except StopRequested as stop:
+                typer.echo(f"stopped by {stop} before the cycle finished", err=True)
+                raise typer.Exit(128 + stop.signum) from None
+    finally:
+        lock.release()
+
+
+def _run(
+    settings: Settings, base: str, lock: demo_lock.DemoLock, *, once: bool, as_json: bool
+) -> None:
     migrate.upgrade(settings)
     repo = make_repo(settings.state_dir)
     stores = Stores.from_settings(settings)
@@ -170,7 +281,7 @@ def demo_command(
     stores.dispose()
     quiet = as_json
     log_dir = settings.state_dir.absolute() / "demo" / "logs"
-    with services(settings, log_dir, worker_token=worker_token) as procs:
+    with services(settings, log_dir, worker_token=worker_token, lock=lock) as procs:
         wait_healthy(base, procs)
         if not quiet:
             typer.echo(f"API up on {base}; triggering a cycle on {PROJECT}", err=True)
@@ -195,24 +306,35 @@ def demo_command(
         if as_json:
             typer.echo(json.dumps(outcome))
         else:
-            headline = cycle.get("headline") or {}
-            typer.echo(f"\nverdict:   {cycle['verdict']} ({cycle['state']})")
-            if "ratio" in headline:
-                typer.echo(
-                    f"headline:  ratio {headline['ratio']:.3f}, 95% CI "
-                    f"[{headline.get('ci_low', float('nan')):.3f}, "
-                    f"{headline.get('ci_high', float('nan')):.3f}]"
-                )
-            if cycle.get("error"):
-                typer.echo(f"error:     {cycle['error']}")
-            typer.echo(f"PR:        {cycle['pr_url']}")
-            typer.echo(f"review at: {outcome['dashboard_url']}")
-            typer.echo(f"log in with this token (shown once): {token}")
+            _print_outcome(cycle, outcome["dashboard_url"], token)
         if once:
             if cycle["state"] != "awaiting_review":
                 raise typer.Exit(1)
             return
-        typer.echo("\nThe service keeps running; Ctrl-C stops it.", err=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while all(p.poll() is None for p in procs):
+        typer.echo(
+            f"\nThe service keeps running; Ctrl-C (or kill {os.getpid()}) stops it.", err=True
+        )
+        try:
+            while all(p.poll() is None for p in procs.values()):
                 time.sleep(1)
+        except StopRequested:
+            return  # the services stop on the way out of `services`
+        gone = ", ".join(name for name, p in procs.items() if p.poll() is not None)
+        typer.echo(f"{gone} exited (see {log_dir}); stopping the other services", err=True)
+        raise typer.Exit(1)
+
+
+def _print_outcome(cycle: dict[str, Any], dashboard_url: str, token: str) -> None:
+    typer.echo(f"\nverdict:   {cycle['verdict']} ({cycle['state']})")
+    headline = cycle.get("headline") or {}
+    if "ratio" in headline:
+        typer.echo(
+            f"headline:  ratio {headline['ratio']:.3f}, 95% CI "
+            f"[{headline.get('ci_low', float('nan')):.3f}, "
+            f"{headline.get('ci_high', float('nan')):.3f}]"
+        )
+    if cycle.get("error"):
+        typer.echo(f"error:     {cycle['error']}")
+    typer.echo(f"PR:        {cycle['pr_url']}")
+    typer.echo(f"review at: {dashboard_url}")
+    typer.echo(f"log in with this token (shown once): {token}")

@@ -1,4 +1,5 @@
-"""`autopilot status`: queues, workers, jobs and cycles at a glance (what /metrics exports)."""
+"""`autopilot status`: queues, workers, jobs and cycles at a glance (what /metrics exports), and
+the services of the demo running on this state dir, if one is."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
+from app import demo_lock
 from app.cli.common import echo_json, load_settings, open_stores
 from app.clock import age_text
 from app.settings import Settings
@@ -49,6 +51,14 @@ def render_status(snapshot: Snapshot, settings: Settings) -> str:
     return "\n".join(lines)
 
 
+def render_demo(demo: demo_lock.DemoRecord) -> str:
+    lines = ["", f"DEMO  pid {demo.pid} on {demo.url}, since {demo.started_at}"]
+    for service in demo.as_json()["services"]:
+        state = "alive" if service["alive"] else "gone"
+        lines.append(f"  {service['name']:14} pid {service['pid']:<8} {state}")
+    return "\n".join(lines)
+
+
 def _counts(counts: dict[str, int]) -> str:
     return "  ".join(f"{state} {count}" for state, count in sorted(counts.items())) or "none"
 
@@ -56,8 +66,10 @@ def _counts(counts: dict[str, int]) -> str:
 def status_command(
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object")] = False,
 ) -> None:
-    """Queues, workers, jobs and cycles at a glance (the figures /metrics exports)."""
+    """Queues, workers, jobs and cycles at a glance (the figures /metrics exports), and the
+    demo's services when `autopilot demo` runs on this state dir."""
     settings = load_settings()
+    demo = demo_lock.running(settings.state_dir)
     stores = open_stores(settings)
     try:
         with stores.ops_session() as session:
@@ -72,6 +84,6 @@ def status_command(
     finally:
         stores.dispose()
     if json_output:
-        echo_json(snapshot.as_json())
+        echo_json({**snapshot.as_json(), "demo": demo.as_json() if demo else None})
         return
-    typer.echo(render_status(snapshot, settings))
+    typer.echo(render_status(snapshot, settings) + (render_demo(demo) if demo else ""))

@@ -86,12 +86,15 @@ def _libc_prctl() -> Callable[..., int] | None:
 _PRCTL = _libc_prctl()
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
+def dies_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
+    """A preexec_fn: the child gets `sig` when the thread that started it dies (the demo's
+    services ask for SIGTERM, so that Celery still shuts down warm)."""
+
     def setup() -> None:
-        # The job dies with the worker process; a worker that died before this call is
+        # The child dies with its parent; a parent that died before this call is
         # caught by the ppid check (the child was already reparented).
         if _PRCTL is not None:
-            _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _PRCTL(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent_pid:
             os._exit(125)
 
@@ -119,5 +122,5 @@ def spawn(
         start_new_session=True,  # the child leads its own group: pgid == pid
         close_fds=True,
         pass_fds=tuple(pass_fds),
-        preexec_fn=_child_setup(os.getpid()),
+        preexec_fn=dies_with_parent(os.getpid()),
     )
