@@ -108,7 +108,9 @@ class _Source:
 
 def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) -> bool:
     with stores.ops_session() as session:
-        job = preparation.claim_preparation(session, job_id, host)
+        # This host's lock for the job is ours, so no live preparer here has it: a row still
+        # "preparing" was left by a worker that died mid-preparation.
+        job = preparation.claim_preparation(session, job_id, host, preparer_gone=True)
         if job is None:
             return False
         project = projects.find_project_by_id(session, job.project_id)

@@ -30,11 +30,17 @@ def ready_on(session: Session, queue: str, host: str) -> int:
 
 
 def claim_preparation(
-    session: Session, job_id: int, host: str, *, stale_after_s: float = 3600.0
+    session: Session,
+    job_id: int,
+    host: str,
+    *,
+    stale_after_s: float = 3600.0,
+    preparer_gone: bool = False,
 ) -> Job | None:
     """Start this host's preparation of the job; the job, or None when it needs none here
     (ended, cancelled, prepared or being prepared on this host). A preparation left unfinished
-    longer than `stale_after_s` (its preparer died) is taken over."""
+    is taken over when the caller knows its preparer is gone (`preparer_gone`: it holds the
+    host's lock for the job, which a live preparer would hold), or after `stale_after_s`."""
     job = repo.get(session, job_id)
     if job is None or job.state != "queued" or job.cancel_requested_at is not None:
         return None
@@ -42,7 +48,8 @@ def claim_preparation(
     row = repo.preparation(session, job_id, host)
     if row is not None:
         started = aware(row.started_at) or now
-        if row.state != "preparing" or (now - started).total_seconds() < stale_after_s:
+        stale = preparer_gone or (now - started).total_seconds() >= stale_after_s
+        if row.state != "preparing" or not stale:
             return None
         row.started_at, row.error = now, None
         session.flush()

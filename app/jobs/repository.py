@@ -100,10 +100,15 @@ def preparations(session: Session, job_id: int) -> Sequence[JobPreparation]:
 
 
 def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequence[int]:
-    """Queued jobs of `queue` that `host` has not prepared (nor tried to), oldest first."""
+    """Queued jobs of `queue` that `host` has neither prepared nor failed, oldest first (one
+    being prepared there is included: its preparer may have died, and the host's lock tells)."""
     tried = (
         select(JobPreparation.id)
-        .where(JobPreparation.job_id == Job.id, JobPreparation.host == host)
+        .where(
+            JobPreparation.job_id == Job.id,
+            JobPreparation.host == host,
+            JobPreparation.state.in_(("ready", "failed")),
+        )
         .exists()
     )
     return session.scalars(

@@ -29,6 +29,7 @@ from tests.reliability.conftest import (
     variant,
 )
 from tests.support import wait_for
+from workers import prepare
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
 
@@ -86,9 +87,11 @@ def test_full_artifacts_filesystem_fails_clearly_then_retry_succeeds(
     with small_tmpfs(jobs_dir):
         try:
             workers.start("control", "control", "--beat")
-            # 1. Prepared while there was room; the disk fills before it runs.
+            # 1. Prepared while there was room, on this host as its GPU worker's preparer
+            # would; the disk fills before it runs.
             at_run = submit(stores, settings, repo, sleep_s=0.05)
-            wait_for(lambda: job(stores, at_run).prepared_at is not None, timeout=120)
+            assert prepare.prepare_job(stores, settings, at_run)
+            assert job(stores, at_run).prepared_at is not None
             ballast = fill(jobs_dir)
             gpu = workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
             began = time.monotonic()

@@ -32,9 +32,9 @@ def test_a_job_is_leased_only_on_a_host_that_prepared_it(
     with stores.ops_session() as session:
         assert preparation.needs_preparation(session, "gpu.cpu", "host-a", 10) == [job_id]
         assert preparation.claim_preparation(session, job_id, "host-a") is not None
-        # claimed on host-a: not again there, but host-b may prepare it too
+        # claimed on host-a: not again there (unless its preparer is known to be gone), but
+        # host-b may prepare it too
         assert preparation.claim_preparation(session, job_id, "host-a") is None
-        assert preparation.needs_preparation(session, "gpu.cpu", "host-a", 10) == []
         assert preparation.needs_preparation(session, "gpu.cpu", "host-b", 10) == [job_id]
     assert lease_on(stores, settings, "host-a") is None  # still preparing
     with stores.ops_session() as session:
@@ -91,6 +91,24 @@ def test_a_preparation_left_unfinished_is_taken_over(stores: Stores, settings: S
         )
         # its preparer died two minutes ago: this host's next worker takes it over
         assert preparation.claim_preparation(session, job_id, "host-a", stale_after_s=60)
+
+
+def test_a_preparer_killed_mid_preparation_is_taken_over_by_the_next(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    job_id = submit(stores, settings, "alpha", prepare=False)
+    with stores.ops_session() as session:
+        assert preparation.claim_preparation(session, job_id, "host-a") is not None
+    # ...its worker was SIGKILLed: the row still says "preparing". The job is still listed for
+    # this host, and a preparer holding the host's lock for it (so none is alive) takes over.
+    with stores.ops_session() as session:
+        assert preparation.needs_preparation(session, "gpu.cpu", "host-a", 10) == [job_id]
+        assert preparation.claim_preparation(session, job_id, "host-a", preparer_gone=True)
+        assert preparation.preparation_ready(
+            session, job_id, "host-a", workdir="/s", venv_path="/v"
+        )
+        assert preparation.needs_preparation(session, "gpu.cpu", "host-a", 10) == []
 
 
 def test_a_cancelled_job_is_not_prepared(stores: Stores, settings: Settings) -> None:
