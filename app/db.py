@@ -71,6 +71,13 @@ def make_engine(url: str) -> Engine:
     )
 
 
+def lock_contention(exc: Exception) -> bool:
+    """SQLite refused a write because another connection holds or just took the write lock
+    (`database is locked`; in WAL mode a transaction that read first may get it at once, which
+    no busy timeout waits out). Retrying the unit of work is the remedy."""
+    return "database is locked" in str(exc)
+
+
 @dataclass
 class Stores:
     """Both engines and their session factories. One per process (or per test)."""

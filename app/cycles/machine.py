@@ -18,7 +18,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from app import broker
+from sqlalchemy.exc import OperationalError
+
+from app import broker, db
 from app.clock import utcnow
 from app.cycles import repository, service
 from app.cycles.exceptions import Transient
@@ -49,7 +51,14 @@ class Machine:
                     return state
                 attempt = self._begin(cycle_id, state)
                 try:
-                    moved = step(self.stores, self.settings).run(cycle_id)
+                    try:
+                        moved = step(self.stores, self.settings).run(cycle_id)
+                    except OperationalError as exc:
+                        if not db.lock_contention(exc):
+                            raise
+                        # SQLite refused a write for a concurrent writer: the step is
+                        # idempotent, so it runs again shortly, like any passing fault.
+                        raise Transient(f"the store was busy: {exc.orig}") from exc
                 except Transient as exc:
                     self._end(attempt, "retry", str(exc))
                     if attempt.attempt >= MAX_STEP_ATTEMPTS:

@@ -122,3 +122,33 @@ def test_autopilot_route(stores: Stores, settings: Settings, tmp_path: Path) -> 
             "/api/v1/projects/nope/autopilot", headers=bearer(token), json={"enabled": False}
         )
         assert missing.status_code == 404
+
+
+def test_a_step_refused_by_a_busy_sqlite_store_is_retried_not_failed(
+    stores: Stores, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite may refuse a write at once when another connection just wrote (WAL, a
+    transaction that read first): the machine treats that as passing, as steps are idempotent."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from app.cycles.machine import Machine
+    from app.cycles.steps.plan import Plan
+
+    project(stores)
+    with stores.ops_session() as session:
+        cycle_id = service.create(session, service.Trigger(project="sched"))[0].id
+
+    def busy(self: Plan, cycle_id: int) -> bool:
+        raise OperationalError(
+            "INSERT INTO ...", {}, sqlite3.OperationalError("database is locked")
+        )
+
+    monkeypatch.setattr(Plan, "run", busy)
+    assert Machine(stores, settings).advance(cycle_id) == "planned"  # waits for its retry
+    with stores.ops_session() as session:
+        assert service.get(session, cycle_id).state == "planned"
+        (step,) = service.steps(session, cycle_id)
+        assert (step.name, step.status) == ("planned", "retry")
+        assert "the store was busy" in (step.detail or "")
