@@ -37,7 +37,6 @@ def wait_for(condition: Callable[[], T], timeout: float = 30.0, interval: float 
 @contextlib.contextmanager
 def served(app: Any) -> Iterator[str]:
     """An ASGI app served by uvicorn in a thread on 127.0.0.1:<free port>; yields its base URL."""
-    import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))  # bound before the server starts: no race for the port
@@ -99,21 +98,3 @@ class GitDaemon:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
         self.process.wait(timeout=20)
-
-
-@contextlib.contextmanager
-def serve(app: object) -> Iterator[str]:
-    """An ASGI app served by uvicorn in a thread on 127.0.0.1:<free port>; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # bound before the server starts: no race for the port
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout=30)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()

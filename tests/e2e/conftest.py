@@ -8,15 +8,12 @@ tests is the page flow, which the store back end does not change.
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from app.db import Stores
 from app.settings import Settings
@@ -28,7 +25,7 @@ from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used by 
     shared_venv_root,
     workers,
 )
-from tests.support import wait_for
+from tests.support import served
 
 CHROMIUM = Path(os.environ.get("AUTOPILOT_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -87,20 +84,8 @@ def live_server(queue_settings: Settings, stores: Stores) -> Iterator[LiveServer
     """The API with the dashboard, served by uvicorn in a thread on 127.0.0.1:<free port>."""
     from app.api.main import create_app
 
-    app = create_app(queue_settings, stores)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # bound before the server starts: no race for the port
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, timeout=30)
-        yield LiveServer(f"http://127.0.0.1:{port}", queue_settings, stores)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with served(create_app(queue_settings, stores)) as url:
+        yield LiveServer(url, queue_settings, stores)
 
 
 @pytest.fixture

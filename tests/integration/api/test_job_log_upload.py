@@ -20,7 +20,7 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.queue.conftest import make_repo
-from tests.support import bearer, serve
+from tests.support import bearer, served
 
 LOG = b"[log] step 1\n[log] step 2 \xe2\x9c\x93\nno newline at the end"
 
@@ -229,7 +229,7 @@ def test_follow_goes_from_the_tail_to_the_upload_over_a_real_server(
 ) -> None:
     job_id = make_job(stores, project_id, "running", log_tail="[log] 1\n[log] 2\n[log] 3 (parti")
     seen: list[str] = []
-    with serve(create_app(settings, stores)) as base, httpx.Client(base_url=base) as http:
+    with served(create_app(settings, stores)) as base, httpx.Client(base_url=base) as http:
         url = f"/api/v1/jobs/{job_id}/log"
         with http.stream(
             "GET", url, params={"follow": 1}, headers=bearer(tokens["review"]), timeout=30

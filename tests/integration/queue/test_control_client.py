@@ -19,13 +19,13 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.queue.conftest import make_repo
-from tests.support import free_port, serve
+from tests.support import free_port, served
 from workers import control_client
 
 
 @pytest.fixture
 def control(settings: Settings, stores: Stores) -> Iterator[str]:
-    with serve(create_app(settings, stores)) as base:
+    with served(create_app(settings, stores)) as base:
         yield base
 
 
