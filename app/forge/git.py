@@ -20,7 +20,6 @@ from pydantic import SecretStr
 from app.forge import protected
 from app.forge.exceptions import (
     BaseBranchMissing,
-    FetchFailed,
     GitFailed,
     InvalidRef,
     PushFailed,
@@ -30,7 +29,7 @@ from app.forge.gitrunner import (
     GitRunner,
     check_branch_name,
     check_url,
-    last_line,
+    fetch_failure,
     repo_lock,
 )
 from app.projects import schemas as ops_schemas
@@ -154,9 +153,7 @@ class GitWork:
                     url=url,
                 )
             except GitFailed as exc:
-                raise FetchFailed(
-                    f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
-                ) from None
+                raise fetch_failure(exc, url) from None
         return mirror
 
     def read_at(self, project: str, url: str, branch: str, path: str) -> tuple[str, str | None]:

@@ -13,7 +13,14 @@ from pathlib import Path
 from git import Git, GitCommandError
 from pydantic import SecretStr
 
-from app.forge.exceptions import GitFailed, InvalidRef, TransportNotAllowed
+from app.errors import AutopilotError
+from app.forge.exceptions import (
+    BaseBranchMissing,
+    FetchFailed,
+    GitFailed,
+    InvalidRef,
+    TransportNotAllowed,
+)
 from app.projects import schemas as ops_schemas
 from app.settings import redact_text
 
@@ -145,3 +152,11 @@ def repo_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fetch_failure(exc: GitFailed, url: str, branch: str | None = None) -> AutopilotError:
+    """What a failed fetch of `url` means: the branch is not there (when one was asked for),
+    else a fetch that may pass (FetchFailed, retried), with git's own words."""
+    if branch is not None and "couldn't find remote ref" in exc.detail.lower():
+        return BaseBranchMissing(f"branch {branch!r} is not on {redact_text(url)[:200]}")
+    return FetchFailed(f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}")

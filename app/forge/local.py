@@ -19,7 +19,6 @@ from app.db import Stores
 from app.forge import repository
 from app.forge.base import ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
-    FetchFailed,
     GitFailed,
     HeadMoved,
     InvalidRef,
@@ -27,10 +26,16 @@ from app.forge.exceptions import (
     PullRequestNotFound,
     PullRequestNotOpen,
 )
-from app.forge.gitrunner import GitRunner, check_branch_name, check_url, last_line, repo_lock
+from app.forge.gitrunner import (
+    GitRunner,
+    check_branch_name,
+    check_url,
+    fetch_failure,
+    repo_lock,
+)
 from app.forge.models import PullRequestComment, PullRequestRecord
 from app.projects import schemas as ops_schemas
-from app.settings import Settings, redact_text
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +138,7 @@ class LocalForge:
                 if "non-fast-forward" in exc.detail or "[rejected]" in exc.detail:
                     log.info("forge base of %s is ahead of its repository: kept", project.name)
                     return
-                raise FetchFailed(
-                    f"cannot fetch {redact_text(project.repo_url)[:200]}: {last_line(exc.detail)}"
-                ) from None
+                raise fetch_failure(exc, project.repo_url) from None
 
     def _sha(self, bare: Path, branch: str) -> str | None:
         try:

@@ -13,10 +13,9 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.forge.exceptions import BaseBranchMissing, FetchFailed, GitFailed, InvalidRef
+from app.forge.exceptions import GitFailed, InvalidRef
 from app.forge.git import REMOTE_PREFIX, GitWork
-from app.forge.gitrunner import check_branch_name, check_url, last_line, repo_lock
-from app.settings import redact_text
+from app.forge.gitrunner import check_branch_name, check_url, fetch_failure, repo_lock
 
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 
@@ -56,13 +55,7 @@ def fetch_commit(
                 extra_env=extra_env,
             )
         except GitFailed as exc:
-            if "couldn't find remote ref" in exc.detail.lower():
-                raise BaseBranchMissing(
-                    f"branch {branch!r} is not on {redact_text(url)[:200]} (deleted?)"
-                ) from None
-            raise FetchFailed(
-                f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
-            ) from None
+            raise fetch_failure(exc, url, branch) from None
         tip = work.git.run(["rev-parse", f"{REMOTE_PREFIX}{branch}^{{commit}}"], mirror)
         if sha is None:
             return mirror, tip
@@ -124,13 +117,7 @@ def read_remote(work: GitWork, url: str, branch: str, path: str) -> tuple[str, s
                 url=url,
             )
         except GitFailed as exc:
-            if "couldn't find remote ref" in exc.detail.lower():
-                raise BaseBranchMissing(
-                    f"branch {branch!r} does not exist on {redact_text(url)[:200]}"
-                ) from None
-            raise FetchFailed(
-                f"cannot fetch {redact_text(url)[:200]}: {last_line(exc.detail)}"
-            ) from None
+            raise fetch_failure(exc, url, branch) from None
         sha = work.git.run(["rev-parse", "FETCH_HEAD^{commit}"], scratch)
         try:
             return sha, work.git.run(["cat-file", "blob", f"{sha}:{path}"], scratch)
