@@ -1,0 +1,298 @@
+"""Confinement for untrusted code (the agent, pip builds, experiments): bubblewrap namespaces
+around each process tree, and one cgroup v2 per run that is killed as a whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from app.errors import AutopilotError
+
+BWRAP = "/usr/bin/bwrap"
+BASE_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+KILL_DEADLINE_S = 5.0
+
+# Only what programs need to resolve names, verify TLS and load libraries: /etc as a whole
+# also holds the deploy env files with the service's secrets.
+_ETC = (
+    "ssl", "ca-certificates", "ca-certificates.conf", "pki", "resolv.conf", "hosts",
+    "host.conf", "nsswitch.conf", "gai.conf", "protocols", "services", "passwd", "group",
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives",
+    "mime.types",
+)  # fmt: skip
+_ROOT = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class SandboxUnavailable(AutopilotError):
+    status = 503
+    slug = "sandbox-unavailable"
+    title = "Sandbox unavailable"
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}. AUTOPILOT_SANDBOX=off runs untrusted code unconfined (only on a host "
+            "whose every user you trust)"
+        )
+
+
+class SandboxTimeout(AutopilotError):
+    status = 504
+    slug = "sandbox-timeout"
+    title = "Sandboxed run timed out"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one sandboxed process sees. `env` is its complete environment, except HOME (set to
+    `home`, else `cwd`, so the service's home never leaks in) and the PWD bwrap adds."""
+
+    cwd: Path
+    env: Mapping[str, str]
+    read_only: Sequence[Path] = ()
+    writable: Sequence[Path] = ()
+    devices: Sequence[Path] = ()
+    network: bool = False
+    symlinks: Sequence[tuple[str, Path]] = ()
+    hide: Sequence[Path] = ()
+    home: Path | None = None
+
+    def environment(self) -> dict[str, str]:
+        return {**self.env, "HOME": str(self.home or self.cwd)}
+
+
+def allow_env(source: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
+    """The variables of `source` named in `names` (those that are set)."""
+    return {name: source[name] for name in names if name in source}
+
+
+def system_read_only() -> list[Path]:
+    """What every sandbox may read: the OS, a minimal /etc and the interpreter's base install
+    (a venv's python needs it)."""
+    paths = [Path("/", name) for name in _ROOT] + [Path("/etc", name) for name in _ETC]
+    base = Path(sys.base_prefix).resolve()
+    if not base.is_relative_to("/usr"):
+        paths.append(base)
+    return [p for p in paths if p.exists() or p.is_symlink()]
+
+
+def command(argv: Sequence[str], policy: Policy) -> list[str]:
+    """The bwrap command line that runs `argv` under `policy`."""
+    args = [BWRAP, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+    # We run as root: without this the sandbox keeps every capability in its user namespace
+    # and can simply remount a read-only bind read-write.
+    args += ["--cap-drop", "ALL"]
+    if not policy.network:
+        args.append("--unshare-net")
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
+    binds: list[tuple[str, Path]] = []
+    for path in system_read_only():
+        if path.is_symlink() and path.parent == Path("/"):
+            args += ["--symlink", os.readlink(path), str(path)]  # merged /usr: /bin -> usr/bin
+        else:
+            binds.append(("--ro-bind-try", path))
+    binds += [("--ro-bind-try", p) for p in policy.read_only]
+    binds += [("--bind", p) for p in policy.writable]
+    # Parents before children, so a read-only subdir of a writable dir stays read-only.
+    for flag, path in sorted(binds, key=lambda bind: len(bind[1].parts)):
+        args += [flag, str(path), str(path)]
+    for device in policy.devices:
+        args += ["--dev-bind-try", str(device), str(device)]
+    for hidden in policy.hide:
+        args += ["--tmpfs", str(hidden)]
+    for target, link in policy.symlinks:
+        args += ["--symlink", target, str(link)]
+    for name, value in policy.environment().items():
+        args += ["--setenv", name, value]
+    return [*args, "--chdir", str(policy.cwd), "--", *argv]
+
+
+def _cgroup_base() -> Path:
+    """`autopilot` under our own cgroup on the cgroup2 mount (raises SandboxUnavailable)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields, _, fs = line.partition(" - ")
+        if fs.split()[:1] == ["cgroup2"]:
+            mount_root, mount_point = fields.split()[3:5]
+            break
+    else:
+        raise SandboxUnavailable("no cgroup v2 is mounted on this host")
+    own = next(
+        (ln[3:] for ln in Path("/proc/self/cgroup").read_text().splitlines() if ln[:3] == "0::"),
+        "/",
+    )
+    if mount_root != "/" and own.startswith(mount_root):
+        own = own[len(mount_root) :]
+    return Path(mount_point, own.lstrip("/"), "autopilot")
+
+
+@dataclass
+class Cgroup:
+    """One run's cgroup: everything started in it, however it detaches, dies with it."""
+
+    path: Path
+
+    @classmethod
+    def create(cls, name: str, *, base: Path | None = None) -> Cgroup:
+        """Make (or take over) the cgroup `name`; a crashed run's leftovers in it are killed."""
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"cgroup name {name!r}: only letters, digits, '_', '.', '-'")
+        try:
+            parent = base or _cgroup_base()
+            parent.mkdir(exist_ok=True)
+            (parent / name).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise SandboxUnavailable(f"no writable cgroup v2 here: {exc}") from exc
+        cgroup = cls(parent / name)
+        cgroup.kill()
+        return cgroup
+
+    def preexec(self) -> Callable[[], None]:
+        """For Popen(preexec_fn=...): the child joins the cgroup before it execs anything."""
+        procs = str(self.path / "cgroup.procs")
+
+        def join() -> None:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+        return join
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    def populated(self) -> bool:
+        try:
+            return "populated 1" in (self.path / "cgroup.events").read_text()
+        except FileNotFoundError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup and wait until it is empty."""
+        if not self.path.exists():
+            return
+        deadline = time.monotonic() + KILL_DEADLINE_S
+        has_kill = (self.path / "cgroup.kill").exists()
+        if has_kill:
+            (self.path / "cgroup.kill").write_text("1")
+        while self.populated():
+            if not has_kill:  # kernels before 5.14: kill one by one until none is left
+                for pid in self.pids():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise SandboxUnavailable(
+                    f"cgroup {self.path} still holds {self.pids()} {KILL_DEADLINE_S:g} s "
+                    "after it was killed"
+                )
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        self.kill()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.rmdir()
+
+    def __enter__(self) -> Cgroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+
+@functools.cache
+def check() -> str | None:
+    """None when sandboxes work here; else one line saying what is missing."""
+    if not os.access(BWRAP, os.X_OK):
+        return (
+            f"bubblewrap is not installed ({BWRAP}): `make install` or `apt-get install bubblewrap`"
+        )
+    probe = command(["/usr/bin/true"], Policy(cwd=Path("/"), env={}))
+    try:
+        done = subprocess.run(probe, env={}, capture_output=True, text=True, timeout=30)  # noqa: S603
+    except subprocess.TimeoutExpired:
+        return "bwrap did not finish /usr/bin/true within 30 s"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"bwrap cannot create its namespaces (user namespaces refused?): {why}"
+    try:
+        Cgroup.create(f"check-{os.getpid()}").remove()
+    except SandboxUnavailable as exc:
+        return str(exc).partition(". AUTOPILOT_SANDBOX")[0]
+    return None
+
+
+def run(
+    argv: Sequence[str],
+    policy: Policy,
+    *,
+    name: str,
+    timeout_s: float,
+    log_path: Path,
+    sandbox: bool = True,
+) -> int:
+    """Run `argv` to completion in its own cgroup, confined by `policy` unless `sandbox` is
+    False; output to `log_path`. Nothing it started outlives the call."""
+    if sandbox and (reason := check()):
+        raise SandboxUnavailable(reason)
+    cgroup: Cgroup | None = None
+    try:
+        cgroup = Cgroup.create(name)
+    except SandboxUnavailable:
+        if sandbox:
+            raise
+    if sandbox:
+        # bwrap gets an empty environment: --clearenv hides it from the child but not from
+        # /proc/1/environ inside the sandbox, which shows bwrap's own initial environment.
+        args, env, cwd = command(argv, policy), {}, None
+    else:
+        args, env, cwd = list(argv), policy.environment(), policy.cwd
+    try:
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(  # noqa: S603
+                args,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=cgroup.preexec() if cgroup else None,  # noqa: PLW1509
+            )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SandboxTimeout(
+                f"{argv[0]} ran past its time limit of {timeout_s:g} s and was killed; "
+                f"its output is in {log_path}"
+            ) from None
+        finally:
+            if cgroup is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                cgroup.kill()
+            proc.wait()
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
