@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     session_secret: SecretStr | None = Field(
         default=None, description="Signs dashboard cookies; generated in the state dir if unset."
     )
+    sandbox: Literal["on", "off"] = Field(
+        default="on",
+        description="Run untrusted code (the agent, pip builds, experiments) under bubblewrap, "
+        "each run in its own cgroup. `off` runs it unconfined: only for a machine that has "
+        "neither, and every job records it.",
+    )
     git_author_name: str = "Research Autopilot"
     git_author_email: str = "autopilot@localhost"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

@@ -6,19 +6,22 @@ order and skips every point that memory has judged or that a live cycle is alrea
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
-import signal
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from app import sandbox
+from app.agents import workspace
+from app.agents.exceptions import AgentFailed, NothingToPropose
+from app.agents.workspace import Workspace
 from app.errors import InvalidInput
 from app.projects.config import ProjectConfig
+
+__all__ = ["AgentFailed", "NothingToPropose"]
 
 
 @dataclass
@@ -58,11 +61,6 @@ class Agent(Protocol):
 
     def propose(self, context: Context) -> Proposal | None:
         """The next proposal, or None when there is nothing left worth testing."""
-
-
-class NothingToPropose(InvalidInput):
-    slug = "nothing-to-propose"
-    title = "Nothing left to propose"
 
 
 def points(space: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
@@ -108,7 +106,7 @@ AGENTS = ("sweep", "command")
 
 
 def for_name(name: str) -> Agent:
-    """The offline agent by name (the command agent needs its worktree: see CommandAgent)."""
+    """The offline agent by name (the command agent needs its workspace: see CommandAgent)."""
     if name == "sweep":
         return SweepAgent()
     raise InvalidInput(f"unknown agent {name!r}; available: {', '.join(AGENTS)}")
@@ -117,7 +115,7 @@ def for_name(name: str) -> Agent:
 # -- the command agent ---------------------------------------------------------------------------
 
 # What an agent command may see of our environment: enough to run, none of our secrets.
-_AGENT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME")
+_AGENT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME")
 _PROPOSAL_KEYS = {
     "hypothesis",
     "experiment",
@@ -129,61 +127,51 @@ _PROPOSAL_KEYS = {
 }
 
 
-class AgentFailed(InvalidInput):
-    slug = "agent-failed"
-    title = "The agent produced no usable proposal"
-
-
 @dataclass
 class CommandAgent:
-    """Runs a configured command (argv, no shell) in the cycle's worktree. It reads the prompt
-    and the context JSON named by AUTOPILOT_PROMPT / AUTOPILOT_CONTEXT and must write
-    AUTOPILOT_PROPOSAL; code it changes in the worktree becomes part of the commit."""
+    """Runs a configured command (argv, no shell) in the sandbox, in a scratch clone of the
+    base commit (`workspace.repo`). It reads the prompt and the context JSON named by
+    AUTOPILOT_PROMPT / AUTOPILOT_CONTEXT and must write AUTOPILOT_PROPOSAL; what it changes or
+    commits in the clone comes back through `workspace.pack`, checked before it is used."""
 
     argv: list[str]
-    workdir: Path
-    files: Path  # outside the worktree: prompt, context, proposal, output
+    workspace: Workspace
     time_limit_s: float
+    run_name: str  # names its cgroup
+    sandboxed: bool = True
     name: str = "command"
 
     def propose(self, context: Context) -> Proposal | None:
         if not self.argv:
             raise AgentFailed("agent.command is empty in autopilot.toml; give an argv list")
-        self.files.mkdir(parents=True, exist_ok=True)
-        prompt, ctx, out = (self.files / n for n in ("prompt.md", "context.json", "output.log"))
-        proposal_path = self.files / "proposal.json"
+        files = self.workspace.files
+        prompt, ctx, out = (files / n for n in ("prompt.md", "context.json", "output.log"))
+        proposal_path = files / "proposal.json"
         proposal_path.unlink(missing_ok=True)
         prompt.write_text(_prompt(context), encoding="utf-8")
         ctx.write_text(json.dumps(_context_json(context), indent=2, default=str), "utf-8")
-        env = {k: v for k, v in os.environ.items() if k in _AGENT_ENV_ALLOW}
-        env.update(
-            AUTOPILOT_PROMPT=str(prompt),
-            AUTOPILOT_CONTEXT=str(ctx),
-            AUTOPILOT_PROPOSAL=str(proposal_path),
-        )
-        with open(out, "wb") as log:
-            try:
-                proc = subprocess.Popen(  # noqa: S603 - argv from the project config, no shell
-                    self.argv,
-                    cwd=self.workdir,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise AgentFailed(f"agent command {self.argv[0]!r} cannot start: {exc}") from None
-            try:
-                code = proc.wait(timeout=self.time_limit_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise AgentFailed(
-                    f"agent command timed out after {self.time_limit_s:g} s and was killed "
-                    f"(output in {out})"
-                ) from None
+        env = sandbox.allow_env(os.environ, _AGENT_ENV_ALLOW) | {
+            "HOME": str(files),
+            "AUTOPILOT_PROMPT": str(prompt),
+            "AUTOPILOT_CONTEXT": str(ctx),
+            "AUTOPILOT_PROPOSAL": str(proposal_path),
+        }
+        try:
+            code = sandbox.run(
+                self.argv,
+                workspace.policy(self.workspace, env, self.argv),
+                name=self.run_name,
+                timeout_s=self.time_limit_s,
+                log_path=out,
+                sandbox=self.sandboxed,
+            )
+        except sandbox.SandboxTimeout:
+            raise AgentFailed(
+                f"agent command timed out after {self.time_limit_s:g} s and was killed "
+                f"(output in {out})"
+            ) from None
+        except OSError as exc:
+            raise AgentFailed(f"agent command {self.argv[0]!r} cannot start: {exc}") from None
         if code != 0:
             raise AgentFailed(f"agent command exited with {code}; its output is in {out}")
         return parse_proposal(proposal_path)
@@ -230,8 +218,8 @@ def _prompt(context: Context) -> str:
         f"{context.config.agent.goal or 'Propose the next experiment worth running.'}\n\n"
         "Read the context JSON (AUTOPILOT_CONTEXT): the project config, validated findings and "
         "recent cycles. Do not repeat a judged experiment without a changed hypothesis. You may "
-        "edit code in this worktree, but not protected paths. Write your proposal as JSON to "
-        "AUTOPILOT_PROPOSAL with: hypothesis, experiment, parameters, what_changed, "
+        "edit (or commit) code in this clone, but not protected paths. Write your proposal as "
+        "JSON to AUTOPILOT_PROPOSAL with: hypothesis, experiment, parameters, what_changed, "
         "expected_outcome, proposed_lessons.\n"
     )
 

@@ -22,7 +22,6 @@ from app.forge.git import GitWork
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.memory import service as memory
-from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings
 
@@ -99,11 +98,11 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
     git_work = GitWork(machine.settings)
 
     def revalidate(pr: Any, new_base: str) -> tuple[bool, str]:
-        dest = machine.settings.state_dir.absolute() / "revalidate" / f"{cycle_id}-{new_base[:12]}"
-        checkout = git_work.merged_checkout(ref.name, forge.remote_url(ref), head, new_base, dest)
-        config = project_config.load(checkout)
+        url = forge.remote_url(ref)
+        merge = git_work.merge_commit(ref.name, url, head, new_base)
         branch = f"{head}-revalidate-{new_base[:12]}"
-        merged = git_work.push_checkout(checkout, forge.remote_url(ref), branch)
+        config = forge_service.config_at_commit(git_work, ref.name, merge, branch)
+        merged = git_work.push_commit(ref.name, merge, url, branch)
         source = jobs.JobSource(
             repo=forge.fetch_url(ref), ref=branch, head_sha=merged, base_sha=new_base
         )

@@ -1,14 +1,14 @@
 """What a reviewer sees of a cycle's evidence: its report files, the diff, the job log.
 
-The report files are read from the cycle's worktree when it is still there, else from the commit
-the cycle pushed to the local forge's bare repository. Markdown is rendered with raw HTML off,
-so a report (or a hypothesis quoted in it) can never inject markup into the page.
+The report files are read from the commit the cycle made (in the project's mirror on the
+control host), never from a directory the agent or the experiment could write (lesson 9).
+Markdown is rendered with raw HTML off, so a report (or a hypothesis quoted in it) can never
+inject markup into the page.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -23,6 +23,7 @@ from app.errors import AutopilotError
 from app.forge import report
 from app.forge.base import ProjectRef
 from app.forge.exceptions import GitFailed
+from app.forge.git import GitWork
 from app.forge.local import LocalForge
 from app.jobs import logs
 from app.jobs.models import Job
@@ -58,26 +59,17 @@ def render_markdown(text: str, *, plot_url: str | None = None) -> Markup:
 def report_file(
     settings: Settings, stores: Stores, cycle: Cycle, project: ProjectRef, name: str
 ) -> str | None:
-    """One of REPORT.md, plot.svg, result.json of the cycle, or None when it has none."""
-    if name not in REPORT_FILES or cycle.commit_sha is None and cycle.worktree is None:
+    """One of REPORT.md, plot.svg, result.json of the cycle's commit, or None when it has none."""
+    if name not in REPORT_FILES or cycle.commit_sha is None:
         return None
     relative = f"{report.results_dir(str(cycle.id))}/{name}"
-    if cycle.worktree:
-        path = Path(cycle.worktree) / relative
-        try:
-            if path.is_file() and path.stat().st_size <= MAX_FILE_BYTES:
-                return path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            pass
-    if settings.forge == "local" and cycle.commit_sha:
-        forge = LocalForge(settings, stores)
-        try:
-            bare = forge.bare_path(project)
-            if (bare / "HEAD").exists():
-                return forge.git.run(["show", f"{cycle.commit_sha}:{relative}"], bare)
-        except (GitFailed, AutopilotError):
-            return None
-    return None
+    try:
+        text = GitWork(settings).show(project.name, cycle.commit_sha, relative)
+    except (GitFailed, AutopilotError):
+        return None
+    if text is None or len(text) > MAX_FILE_BYTES:
+        return None
+    return text
 
 
 def result_json(text: str | None) -> dict[str, Any]:

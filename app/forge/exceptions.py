@@ -68,6 +68,15 @@ class ProtectedPathChanged(AutopilotError):
     title = "A protected path was changed"
 
 
+class AgentWorkRefused(AutopilotError):
+    """The agent's commits cannot become the cycle's candidate: they rewrite history, add git
+    internals, bytecode or a submodule, or a symlink that leaves the repository."""
+
+    status = 422
+    slug = "agent-work-refused"
+    title = "The agent's change was refused"
+
+
 class PullRequestNotFound(NotFound):
     slug = "pull-request-not-found"
     title = "Pull request not found"

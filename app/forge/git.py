@@ -1,8 +1,13 @@
-"""Git work for a cycle: a mirror per project, a worktree and branch per cycle, commits, pushes.
+"""Git work for a cycle: a mirror per project, a branch per cycle, commits made from objects,
+pushes.
 
-Every git call goes through `gitrunner.GitRunner` (a fixed, safe environment; credentials
-stripped from every error). A remote URL is passed per call and never written into a
-repository's config, so no token rests on disk.
+The control host never works in a tree that untrusted code could write (DESIGN.md, "Hosts and
+boundaries"): a cycle's branch lives in the project's mirror; the agent's work comes back as a
+git bundle fetched into it and checked on the commit trees; the results are committed through
+a private index, never by staging a directory. Every git call goes through
+`gitrunner.GitRunner` (hooks and fsmonitor off, a minimal environment, credentials stripped
+from every error). A remote URL is passed per call and never written into a repository's
+config, so no token rests on disk.
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +25,11 @@ from pydantic import SecretStr
 
 from app.forge import protected
 from app.forge.exceptions import (
+    AgentWorkRefused,
     BaseBranchMissing,
     GitFailed,
     InvalidRef,
+    MergeConflict,
     PushFailed,
     PushRejected,
 )
@@ -30,6 +38,7 @@ from app.forge.gitrunner import (
     check_branch_name,
     check_url,
     fetch_failure,
+    github_git_prefix,
     repo_lock,
 )
 from app.projects import schemas as ops_schemas
@@ -80,19 +89,22 @@ def branch_name(project: str, cycle_id: str | int, slug: str) -> str:
 
 
 @dataclass(frozen=True)
-class Worktree:
-    """A cycle's checkout: its branch, the base it started from, and the project's mirror."""
+class CycleBranch:
+    """A cycle's branch in the project's mirror and the base commit it started from."""
 
     project: str
-    path: Path
     branch: str
     base: str
     base_sha: str
     mirror: Path
 
+    @property
+    def ref(self) -> str:
+        return f"refs/heads/{self.branch}"
+
 
 class GitWork:
-    """Mirrors under `<state>/repos/`, worktrees under `<state>/worktrees/`, pushes with retries."""
+    """Mirrors under `<state>/repos/`; cycle branches in them; pushes with retries."""
 
     def __init__(
         self,
@@ -105,11 +117,13 @@ class GitWork:
     ) -> None:
         state = settings.state_dir.absolute()
         self.repos_dir = state / "repos"
-        self.worktrees_dir = state / "worktrees"
+        self._tmp = state / "tmp"
         if token is None and settings.forge == "github":
             token = settings.github_token
         self.git = GitRunner(
-            token=token, author=(settings.git_author_name, settings.git_author_email)
+            token=token,
+            token_prefix=github_git_prefix(settings.github_base_url),
+            author=(settings.git_author_name, settings.git_author_email),
         )
         self._push_attempts = max(1, push_attempts)
         self._push_backoff_s = push_backoff_s
@@ -132,12 +146,6 @@ class GitWork:
             if not (mirror / "HEAD").exists():
                 mirror.mkdir(parents=True, exist_ok=True)
                 self.git.run(["init", "--bare", "--quiet", str(mirror)], mirror.parent)
-            # Bytecode the guard or the experiment writes in a worktree never joins a commit.
-            exclude = mirror / "info" / "exclude"
-            exclude.parent.mkdir(parents=True, exist_ok=True)
-            if "__pycache__/" not in (exclude.read_text() if exclude.exists() else ""):
-                with open(exclude, "a", encoding="utf-8") as handle:
-                    handle.write("\n__pycache__/\n*.pyc\n")
             try:
                 self.git.run(
                     [
@@ -170,11 +178,15 @@ class GitWork:
                 f"branch {branch!r} does not exist on the project's repository "
                 f"{redact_text(url)[:200]}; check the project's default_branch"
             ) from None
+        return sha, self.show(project, sha, path)
+
+    def show(self, project: str, commit: str, path: str) -> str | None:
+        """The text of `path` at `commit` in the project's mirror, or None where it has none."""
+        _check_sha(commit)
         try:
-            text = self.git.run(["cat-file", "blob", f"{sha}:{path}"], mirror)
+            return self.git.run(["cat-file", "blob", f"{commit}:{path}"], self.mirror_path(project))
         except GitFailed:
-            return sha, None
-        return sha, text
+            return None
 
     def remote_head(self, url: str, branch: str) -> str | None:
         """The commit a branch points at on the remote now, or None if it does not exist."""
@@ -190,189 +202,202 @@ class GitWork:
                 return sha
         return None
 
-    # -- worktrees ------------------------------------------------------------------------
+    # -- the cycle's branch ---------------------------------------------------------------
 
-    def prepare_worktree(
+    def start_branch(
         self, project: str, url: str, base: str, cycle_id: str | int, slug: str
-    ) -> Worktree:
-        """The cycle's worktree on its own branch from the remote's `base`; reused if present.
+    ) -> CycleBranch:
+        """The cycle's branch in the mirror, made at the remote's `base`; reused if present.
 
-        Called again after a crash, it returns the same worktree with the base it started from
+        Called again after a crash, it returns the same branch with the base it started from
         (the merge base with the remote's base), so a base that moved since is not picked up.
         """
         check_branch_name(base)
         branch = branch_name(project, cycle_id, slug)
         mirror = self.fetch(project, url)
-        remote_base = f"{REMOTE_PREFIX}{base}"
         try:
             base_tip = self.git.run(
-                ["rev-parse", "--verify", "--quiet", f"{remote_base}^{{commit}}"], mirror
+                ["rev-parse", "--verify", "--quiet", f"{REMOTE_PREFIX}{base}^{{commit}}"], mirror
             )
         except GitFailed:
             raise BaseBranchMissing(
                 f"branch {base!r} does not exist on the project's remote; "
                 "check the project's default_branch"
             ) from None
-        path = self.worktrees_dir / project / short_id(cycle_id)
         with repo_lock(mirror):
-            has_branch = self.git.ok(
+            if not self.git.ok(
                 ["rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], mirror
-            )
-            if has_branch and (path / ".git").exists():
-                head = self.git.run(["symbolic-ref", "--quiet", "HEAD"], path)
-                if head != f"refs/heads/{branch}":
-                    raise GitFailed(f"worktree {path} is on {head}, expected {branch}")
-            else:
-                if path.exists():
-                    shutil.rmtree(path)
-                self.git.run(["worktree", "prune"], mirror)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                if has_branch:
-                    self.git.run(
-                        ["worktree", "add", "--quiet", "--end-of-options", str(path), branch],
-                        mirror,
-                    )
-                else:
-                    self.git.run(
-                        [
-                            "worktree",
-                            "add",
-                            "--quiet",
-                            "-b",
-                            branch,
-                            "--end-of-options",
-                            str(path),
-                            base_tip,
-                        ],
-                        mirror,
-                    )
-            base_sha = self.git.run(["merge-base", "HEAD", base_tip], path)
-        return Worktree(project, path, branch, base, base_sha, mirror)
+            ):
+                self.git.run(["update-ref", f"refs/heads/{branch}", base_tip, ""], mirror)
+            base_sha = self.git.run(["merge-base", f"refs/heads/{branch}", base_tip], mirror)
+        return CycleBranch(project, branch, base, base_sha, mirror)
 
-    def merged_checkout(self, project: str, url: str, head: str, base_sha: str, dest: Path) -> Path:
-        """A detached checkout of `head` merged onto `base_sha`: what a merge would produce,
-        for re-validating a result on a base that moved. Raises GitFailed on a conflict."""
-        check_branch_name(head)
-        if not all(c in "0123456789abcdef" for c in base_sha) or len(base_sha) < 7:
-            raise InvalidRef(f"{base_sha!r} is not a commit sha")
-        mirror = self.fetch(project, url)
-        with repo_lock(mirror):
-            if dest.exists():
-                shutil.rmtree(dest)
-            self.git.run(["worktree", "prune"], mirror)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            self.git.run(
-                ["worktree", "add", "--quiet", "--detach", "--end-of-options", str(dest), base_sha],
-                mirror,
-            )
-            self.git.run(
-                [
-                    "merge",
-                    "--quiet",
-                    "--no-ff",
-                    "--no-edit",
-                    "--end-of-options",
-                    f"{REMOTE_PREFIX}{head}",
-                ],
-                dest,
-                identity=True,
-            )
+    def tip(self, branch: CycleBranch) -> str:
+        return self.git.run(["rev-parse", "--verify", f"{branch.ref}^{{commit}}"], branch.mirror)
+
+    def reset_to_base(self, branch: CycleBranch) -> None:
+        """Drop whatever an earlier (crashed) agent run left on the branch."""
+        with repo_lock(branch.mirror):
+            self.git.run(["update-ref", branch.ref, branch.base_sha], branch.mirror)
+
+    def scratch_clone(self, branch: CycleBranch, dest: Path) -> Path:
+        """A fresh clone of the branch for the agent, sharing no file with the mirror
+        (`--no-local`: the agent may write anything in it, nothing of it comes back but a
+        bundle) and naming no remote."""
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self.git.run(
+            [
+                "clone",
+                "--quiet",
+                "--no-local",
+                "--no-hardlinks",
+                "--single-branch",
+                "--branch",
+                branch.branch,
+                "--end-of-options",
+                str(branch.mirror),
+                str(dest),
+            ],
+            dest.parent,
+        )
+        self.git.run(["remote", "remove", "origin"], dest)
         return dest
 
-    def push_checkout(self, checkout: Path, url: str, branch: str) -> str:
-        """Push a detached checkout's HEAD (a re-validation merge) to `branch` of the forge, so
-        GPU hosts can fetch it; the branch is the autopilot's own and is overwritten."""
-        check_url(url)
-        check_branch_name(branch)
-        sha = self.git.run(["rev-parse", "HEAD"], checkout)
-        try:
-            self.git.run(
-                ["push", "--force", "--end-of-options", url, f"HEAD:refs/heads/{branch}"],
-                checkout,
-                url=url,
-            )
-        except GitFailed as exc:
-            raise PushFailed(f"pushing {branch} failed: {exc.detail}", branch=branch) from None
-        return sha
+    def take_agent_work(self, branch: CycleBranch, bundle: Path | None) -> str:
+        """Fetch the agent's commits from its bundle (objects only, each one checked by git's
+        fsck), check them on the trees, and move the branch to them; the branch's tip.
 
-    def remove_worktree(self, worktree: Worktree) -> None:
-        """Drop the checkout (after the push); the branch stays in the mirror and the remote."""
-        with repo_lock(worktree.mirror):
-            if worktree.path.exists():
+        Refused (AgentWorkRefused, the branch unchanged): a head that does not descend from
+        the base, a `.git`, `__pycache__` or `*.pyc` entry, a submodule, a symlink leaving the
+        repository, or a change to a protected path (ProtectedPathChanged)."""
+        if bundle is None or not bundle.exists():
+            return self.tip(branch)
+        incoming = f"refs/autopilot/incoming/{branch.branch}"
+        with repo_lock(branch.mirror):
+            try:
                 self.git.run(
-                    ["worktree", "remove", "--force", "--end-of-options", str(worktree.path)],
-                    worktree.mirror,
+                    [
+                        "-c",
+                        "transfer.fsckObjects=true",
+                        "fetch",
+                        "--quiet",
+                        "--no-tags",
+                        "--end-of-options",
+                        str(bundle),
+                        f"+HEAD:{incoming}",
+                    ],
+                    branch.mirror,
                 )
-            self.git.run(["worktree", "prune"], worktree.mirror)
-
-    # -- protected paths, commit, push ------------------------------------------------------
+            except GitFailed as exc:
+                raise AgentWorkRefused(
+                    f"the agent's commits cannot be taken: {exc.detail}"
+                ) from None
+            head = self.git.run(["rev-parse", "--verify", f"{incoming}^{{commit}}"], branch.mirror)
+            self.git.ok(["update-ref", "-d", incoming], branch.mirror)
+            if not self.git.ok(
+                ["merge-base", "--is-ancestor", branch.base_sha, head], branch.mirror
+            ):
+                raise AgentWorkRefused(
+                    f"the agent's head {head[:12]} does not descend from the base "
+                    f"{branch.base_sha[:12]}; it may add commits, not rewrite history"
+                )
+            problems = protected.forbidden_entries(
+                lambda args: self.git.run(args, branch.mirror), branch.base_sha, head
+            )
+            if problems:
+                raise AgentWorkRefused(
+                    "the agent's change is refused: " + "; ".join(problems[:10]), paths=problems
+                )
+            self.check_protected(branch, ref=head)
+            self.git.run(["update-ref", branch.ref, head], branch.mirror)
+        return head
 
     def check_protected(
-        self, worktree: Worktree, *, ref: str | None = None, allowed: Sequence[str] = ()
+        self, branch: CycleBranch, *, ref: str | None = None, allowed: Sequence[str] = ()
     ) -> protected.Check:
-        """Raise `ProtectedPathChanged` if the index (or `ref`) differs from the base in any
-        protected path; return the hashes checked otherwise."""
+        """Raise `ProtectedPathChanged` if commit `ref` (default: the branch's tip) differs
+        from the base in any protected path; return the hashes checked otherwise."""
         result = protected.check(
-            lambda args: self.git.run(args, worktree.path),
-            worktree.base_sha,
-            ref=ref,
+            lambda args: self.git.run(args, branch.mirror),
+            branch.base_sha,
+            ref=ref or branch.ref,
             allowed=allowed,
         )
         result.raise_for_violations()
         return result
 
-    def commit(self, worktree: Worktree, message: str, *, allowed: Sequence[str] = ()) -> str:
-        """Stage everything, refuse protected-path changes, commit as the autopilot; the sha.
-
-        `allowed` names paths the autopilot itself writes (this cycle's `results/<cycle>/`).
-        Idempotent: with nothing new to commit it returns the current head.
-        """
-        self.git.run(["add", "--all"], worktree.path)
-        self.check_protected(worktree, allowed=allowed)
-        staged = self.git.run(["diff", "--cached", "--name-only", "-z"], worktree.path)
-        if staged:
-            self.git.run(
-                ["commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", message],
-                worktree.path,
-                identity=True,
+    def commit_files(
+        self,
+        branch: CycleBranch,
+        files: Mapping[str, bytes],
+        message: str,
+        *,
+        allowed: Sequence[str] = (),
+    ) -> str:
+        """Commit `files` (repository path → content) on top of the branch's tip, through a
+        private index: no working tree is read. Idempotent: when the tip already holds exactly
+        these files it is returned unchanged."""
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        with repo_lock(branch.mirror), tempfile.TemporaryDirectory(dir=self._tmp) as tmp:
+            index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            parent = self.tip(branch)
+            self.git.run(["read-tree", parent], branch.mirror, extra_env=index)
+            for path, content in sorted(files.items()):
+                if path.startswith(("/", "-")) or ".." in path.split("/"):
+                    raise InvalidRef(f"{path!r} cannot be committed: a path inside the repository")
+                blob = (
+                    self.git.run_bytes(
+                        ["hash-object", "-w", "--stdin"], branch.mirror, stdin=content
+                    )
+                    .decode()
+                    .strip()
+                )
+                self.git.run(
+                    ["update-index", "--add", "--cacheinfo", f"100644,{blob},{path}"],
+                    branch.mirror,
+                    extra_env=index,
+                )
+            tree = self.git.run(["write-tree"], branch.mirror, extra_env=index)
+            if tree == self.git.run(["rev-parse", f"{parent}^{{tree}}"], branch.mirror):
+                return parent
+            sha = self.git.run(
+                ["commit-tree", tree, "-p", parent, "-m", message], branch.mirror, identity=True
             )
-        return self.git.run(["rev-parse", "HEAD"], worktree.path)
+            self.check_protected(branch, ref=sha, allowed=allowed)
+            self.git.run(["update-ref", branch.ref, sha, parent], branch.mirror)
+        return sha
 
-    def push(self, worktree: Worktree, url: str, *, allowed: Sequence[str] = ()) -> str:
+    def push(self, branch: CycleBranch, url: str, *, allowed: Sequence[str] = ()) -> str:
         """Push the cycle's branch; retries transient failures with backoff. Returns the sha.
 
-        The pushed commit is checked against the protected paths once more, so a commit the
-        agent made itself cannot slip a changed judge past `commit`.
-        """
+        The pushed commit is checked against the protected paths once more, so nothing slips
+        a changed judge past the earlier checks."""
         check_url(url)
-        sha = self.git.run(["rev-parse", "HEAD"], worktree.path)
-        self.check_protected(worktree, ref=sha, allowed=allowed)
-        refspec = f"refs/heads/{worktree.branch}:refs/heads/{worktree.branch}"
+        sha = self.tip(branch)
+        self.check_protected(branch, ref=sha, allowed=allowed)
+        refspec = f"{branch.ref}:{branch.ref}"
         delay = self._push_backoff_s
         for attempt in range(1, self._push_attempts + 1):
             try:
-                self.git.run(
-                    ["push", "--end-of-options", url, refspec],
-                    worktree.mirror,
-                    url=url,
-                )
+                self.git.run(["push", "--end-of-options", url, refspec], branch.mirror, url=url)
                 return sha
             except GitFailed as exc:
                 lowered = exc.detail.lower()
                 if any(marker in lowered for marker in _REJECTED):
                     raise PushRejected(
-                        f"the remote rejected branch {worktree.branch}: {exc.detail}",
-                        branch=worktree.branch,
+                        f"the remote rejected branch {branch.branch}: {exc.detail}",
+                        branch=branch.branch,
                     ) from None
                 if attempt == self._push_attempts:
                     raise PushFailed(
-                        f"pushing {worktree.branch} failed {attempt} times; last error: "
-                        f"{exc.detail}",
-                        branch=worktree.branch,
+                        f"pushing {branch.branch} failed {attempt} times; last error: {exc.detail}",
+                        branch=branch.branch,
                     ) from None
                 log.warning(
                     "push of %s failed (attempt %d), retrying in %.1f s: %s",
-                    worktree.branch,
+                    branch.branch,
                     attempt,
                     delay,
                     exc.detail,
@@ -380,3 +405,58 @@ class GitWork:
                 self._sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- re-validation on a moved base ----------------------------------------------------
+
+    def merge_commit(self, project: str, url: str, head: str, base_sha: str) -> str:
+        """The commit a merge of branch `head` onto `base_sha` would produce, made from objects
+        (`git merge-tree --write-tree`, no checkout), for re-validating a result on a base that
+        moved. Raises MergeConflict when it does not merge cleanly."""
+        check_branch_name(head)
+        _check_sha(base_sha)
+        mirror = self.fetch(project, url)
+        remote_head = f"{REMOTE_PREFIX}{head}"
+        try:
+            tree = self.git.run(
+                ["merge-tree", "--write-tree", "--no-messages", base_sha, remote_head], mirror
+            ).splitlines()[0]
+        except GitFailed as exc:
+            raise MergeConflict(
+                f"{head} does not merge cleanly onto {base_sha[:12]}: {exc.detail}"
+            ) from None
+        return self.git.run(
+            [
+                "commit-tree",
+                tree,
+                "-p",
+                base_sha,
+                "-p",
+                remote_head,
+                "-m",
+                f"Merge {head} onto {base_sha[:12]} (re-validation)",
+            ],
+            mirror,
+            identity=True,
+        )
+
+    def push_commit(self, project: str, commit: str, url: str, branch: str) -> str:
+        """Push a commit of the mirror (a re-validation merge) to `branch` of the forge, so GPU
+        hosts can fetch it; the branch is the autopilot's own and is overwritten."""
+        check_url(url)
+        check_branch_name(branch)
+        _check_sha(commit)
+        try:
+            self.git.run(
+                ["push", "--force", "--end-of-options", url, f"{commit}:refs/heads/{branch}"],
+                self.mirror_path(project),
+                url=url,
+            )
+        except GitFailed as exc:
+            raise PushFailed(f"pushing {branch} failed: {exc.detail}", branch=branch) from None
+        return commit
+
+
+def _check_sha(value: str) -> str:
+    if len(value) < 7 or len(value) > 64 or not all(c in "0123456789abcdef" for c in value):
+        raise InvalidRef(f"{value!r} is not a commit sha")
+    return value

@@ -1,16 +1,24 @@
 """Git, run safely: argv lists only (never a shell), user-supplied names validated before they
 reach git and placed after `--end-of-options`, only the transports in `ALLOWED_PROTOCOLS`, and
-credentials stripped from every error."""
+credentials stripped from every error.
+
+Git on the control host never runs repository content (DESIGN.md, "Hosts and boundaries"):
+every call disables hooks and fsmonitor, reads no system or global config, and gets a minimal
+environment instead of the service's own (GitPython's `Git.execute` always merges in
+`os.environ`, secrets included, so git is started here with `subprocess` directly).
+"""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import fcntl
+import os
+import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from git import Git, GitCommandError
 from pydantic import SecretStr
 
 from app.errors import AutopilotError
@@ -26,6 +34,14 @@ from app.settings import redact_text
 
 # `ext::` and `fd::` run commands; git refuses any transport not listed here (GIT_ALLOW_PROTOCOL).
 ALLOWED_PROTOCOLS = ("file", "git", "http", "https", "ssh")
+#: Set on every call: a repository's own config or files can make git run nothing.
+SAFE_CONFIG = (
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "protocol.ext.allow=never",
+)
+#: What git may see of the service's environment (no secret is among them).
+_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SSH_AUTH_SOCK")
 
 
 def check_url(url: str) -> str:
@@ -44,14 +60,44 @@ def check_branch_name(name: str) -> str:
         raise InvalidRef(f"branch name {name!r} is not allowed (empty, leading '-', '..' or '@{{')")
     if any(ord(c) < 32 or c in " ~^:?*[\\\x7f" for c in name):
         raise InvalidRef(f"branch name {name!r} contains a character git refs cannot hold")
-    try:
-        # A full ref never starts with '-', so git cannot mistake it for an option.
-        Git().execute(["git", "check-ref-format", f"refs/heads/{name}"])
-    except GitCommandError:
+    # A full ref never starts with '-', so git cannot mistake it for an option.
+    checked = subprocess.run(  # noqa: S603 - fixed argv, the name after a fixed prefix
+        ["git", "check-ref-format", f"refs/heads/{name}"],  # noqa: S607 - git from PATH
+        env=minimal_env(),
+        capture_output=True,
+        check=False,
+    )
+    if checked.returncode != 0:
         raise InvalidRef(
             f"branch name {name!r} is not a valid git ref (git check-ref-format)"
         ) from None
     return name
+
+
+def minimal_env() -> dict[str, str]:
+    """The environment every git call starts from: no service secret, no user or system
+    config (`HOME` points nowhere git could read a `.gitconfig` from)."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_ALLOW}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.update(
+        HOME="/nonexistent",
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL="/dev/null",
+        LC_ALL="C",
+        LANGUAGE="C",
+    )
+    return env
+
+
+def github_git_prefix(api_base_url: str) -> str:
+    """The git URL prefix of the GitHub whose API is at `api_base_url`: the only URLs its token
+    is sent to (`https://api.github.com` → `https://github.com/`; a GitHub Enterprise
+    `https://ghe.example/api/v3` → `https://ghe.example/`)."""
+    parts = urlsplit(api_base_url)
+    host = parts.netloc
+    if host == "api.github.com":
+        host = "github.com"
+    return f"https://{host}/"
 
 
 def last_line(message: str) -> str:
@@ -66,9 +112,15 @@ class GitRunner:
     """Runs git with a fixed, safe environment and turns failures into redacted `GitFailed`."""
 
     def __init__(
-        self, *, token: SecretStr | None = None, timeout_s: float = 600.0, author: tuple[str, str]
+        self,
+        *,
+        token: SecretStr | None = None,
+        token_prefix: str = "https://github.com/",  # noqa: S107 - a URL prefix, not a secret
+        timeout_s: float = 600.0,
+        author: tuple[str, str],
     ) -> None:
         self._token = token
+        self._token_prefix = token_prefix
         self._timeout_s = timeout_s
         self.author = author
 
@@ -84,7 +136,8 @@ class GitRunner:
         return base64.b64encode(f"x-access-token:{secret}".encode()).decode()
 
     def env(self, *, url: str | None = None, identity: bool = False) -> dict[str, str]:
-        env = {
+        env = minimal_env()
+        env |= {
             "GIT_ALLOW_PROTOCOL": ":".join(ALLOWED_PROTOCOLS),
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_ASKPASS": "",
@@ -99,15 +152,19 @@ class GitRunner:
                 GIT_COMMITTER_NAME=name,
                 GIT_COMMITTER_EMAIL=email,
             )
+        settings = list(SAFE_CONFIG)
         token = self._token.get_secret_value() if self._token is not None else ""
-        if token and url is not None and url.startswith("https://"):
+        if token and url is not None and url.startswith(self._token_prefix):
             # The token travels as a header in the environment: not in argv, not in a URL,
-            # not in any config file; git never prints extra headers.
-            env.update(
-                GIT_CONFIG_COUNT="1",
-                GIT_CONFIG_KEY_0="http.extraHeader",
-                GIT_CONFIG_VALUE_0=f"Authorization: Basic {self._basic(token)}",
+            # not in any config file; git never prints extra headers. It is scoped to the
+            # GitHub host's URLs, so a redirect or a second remote elsewhere never gets it.
+            settings.append(
+                f"http.{self._token_prefix}.extraHeader=Authorization: Basic {self._basic(token)}"
             )
+        env["GIT_CONFIG_COUNT"] = str(len(settings))
+        for i, setting in enumerate(settings):
+            key, _, value = setting.partition("=")
+            env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
         return env
 
     def run(
@@ -119,20 +176,51 @@ class GitRunner:
         identity: bool = False,
         extra_env: Mapping[str, str] | None = None,
     ) -> str:
+        return (
+            self.run_bytes(args, cwd, url=url, identity=identity, extra_env=extra_env)
+            .decode(errors="replace")
+            .rstrip("\n")
+        )
+
+    def run_bytes(
+        self,
+        args: Sequence[str],
+        cwd: Path,
+        *,
+        url: str | None = None,
+        identity: bool = False,
+        extra_env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> bytes:
+        """Run git; its stdout as bytes (a blob may not be text)."""
         env = self.env(url=url, identity=identity)
         if extra_env:
             env.update(extra_env)
+        command = self.redact(str(args[0]) if args else "")
         try:
-            out = Git(str(cwd)).execute(["git", *args], env=env, kill_after_timeout=self._timeout_s)
-        except GitCommandError as exc:
-            stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
-            message = self.redact(stderr.strip().removeprefix("stderr: ").strip("'\n "))
-            command = self.redact(str(args[0]) if args else "")
+            done = subprocess.run(  # noqa: S603 - argv list, names checked before they get here
+                ["git", *args],  # noqa: S607 - git from PATH
+                cwd=cwd,
+                env=env,
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                timeout=self._timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
             raise GitFailed(
-                f"git {command} failed (exit {exc.status}): {message or 'no message'}",
-                exit_status=exc.status if isinstance(exc.status, int) else None,
+                f"git {command} ran past {self._timeout_s:g} s and was killed"
             ) from None
-        return out if isinstance(out, str) else out.decode()
+        except OSError as exc:
+            raise GitFailed(f"git {command} cannot start: {exc}") from None
+        if done.returncode != 0:
+            message = self.redact(done.stderr.decode(errors="replace").strip())
+            raise GitFailed(
+                f"git {command} failed (exit {done.returncode}): {message or 'no message'}",
+                exit_status=done.returncode,
+            )
+        return done.stdout
 
     def ok(self, args: Sequence[str], cwd: Path) -> bool:
         try:

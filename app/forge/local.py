@@ -256,8 +256,8 @@ class LocalForge:
         message: str | None = None,
         expected_head_sha: str | None = None,
     ) -> PullRequest:
-        """A merge commit (`--no-ff`) of the head into the base, made in a temporary worktree
-        of the bare repo; the base ref moves only if nobody moved it meanwhile."""
+        """A merge commit (`--no-ff`) of the head into the base, made from objects in the bare
+        repo; the base ref moves only if nobody moved it meanwhile."""
         pr = self.get_pull_request(project, number)
         if pr.state == "merged":
             return pr
@@ -269,65 +269,47 @@ class LocalForge:
                 "review the new commits first"
             )
         bare = self.bare_path(project)
-        self._tmp.mkdir(parents=True, exist_ok=True)
         with repo_lock(bare):
             base_sha = self._sha(bare, pr.base)
             if base_sha is None or pr.head_sha is None:
                 raise InvalidRef(f"#{number}: branch {pr.base!r} or {pr.head!r} is gone")
-            work = Path(tempfile.mkdtemp(prefix="merge-", dir=self._tmp))
             try:
-                self.git.run(
-                    [
-                        "worktree",
-                        "add",
-                        "--quiet",
-                        "--detach",
-                        "--end-of-options",
-                        str(work / "w"),
-                        base_sha,
-                    ],
-                    bare,
-                )
-                try:
-                    self.git.run(
-                        [
-                            "merge",
-                            "--no-ff",
-                            "--no-verify",
-                            "--no-gpg-sign",
-                            "--quiet",
-                            "-m",
-                            message or f"Merge pull request #{number} from {pr.head}",
-                            "--end-of-options",
-                            pr.head_sha,
-                        ],
-                        work / "w",
-                        identity=True,
-                    )
-                except GitFailed as exc:
-                    raise MergeConflict(
-                        f"#{number} does not merge cleanly into {pr.base}: {exc.detail}; "
-                        "rebase the branch or re-run the cycle on the new base"
-                    ) from None
-                merge_sha = self.git.run(["rev-parse", "HEAD"], work / "w")
-                # Compare-and-swap: fails if the base moved since we read it.
-                self.git.run(
-                    [
-                        "update-ref",
-                        "-m",
-                        f"merge #{number}",
-                        f"refs/heads/{pr.base}",
-                        merge_sha,
-                        base_sha,
-                    ],
-                    bare,
-                )
-            finally:
-                try:
-                    self.git.run(["worktree", "remove", "--force", str(work / "w")], bare)
-                except GitFailed:
-                    self.git.ok(["worktree", "prune"], bare)
-                shutil.rmtree(work, ignore_errors=True)
+                # Made from objects (no checkout): nothing of the branch's tree is run or read
+                # as configuration on this host.
+                tree = self.git.run(
+                    ["merge-tree", "--write-tree", "--no-messages", base_sha, pr.head_sha], bare
+                ).splitlines()[0]
+            except GitFailed as exc:
+                raise MergeConflict(
+                    f"#{number} does not merge cleanly into {pr.base}: {exc.detail}; "
+                    "rebase the branch or re-run the cycle on the new base"
+                ) from None
+            merge_sha = self.git.run(
+                [
+                    "commit-tree",
+                    tree,
+                    "-p",
+                    base_sha,
+                    "-p",
+                    pr.head_sha,
+                    "-m",
+                    message or f"Merge pull request #{number} from {pr.head}",
+                ],
+                bare,
+                identity=True,
+            )
+            # Compare-and-swap: fails if the base moved since we read it.
+            self.git.run(
+                [
+                    "update-ref",
+                    "-m",
+                    f"merge #{number}",
+                    f"refs/heads/{pr.base}",
+                    merge_sha,
+                    base_sha,
+                ],
+                bare,
+            )
         with self._stores.ops_session() as session:
             row = repository.get(session, project.name, number)
             assert row is not None

@@ -3,12 +3,15 @@
 The list comes from `autopilot.toml` *at the base commit* (`[protected] paths = [...]`), so an
 agent cannot unprotect a path by editing the config in the same change. `autopilot.toml` itself
 and earlier cycles' `results/` are always protected. The check compares git's object hashes of
-every protected path in the candidate tree (the index, or a commit) with those at the base.
+every protected path (mode and object, so a file turned into a symlink counts) in the candidate
+commit with those at the base. `forbidden_entries` lists what an agent's commit may never add,
+wherever it is: git internals, bytecode, submodules and symlinks that leave the repository.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,22 +106,8 @@ def _tree_hashes(run: RunGit, ref: str) -> dict[str, str]:
     return hashes
 
 
-def _index_hashes(run: RunGit) -> dict[str, str]:
-    out = run(["ls-files", "--stage", "-z"])
-    hashes: dict[str, str] = {}
-    for entry in out.split("\0"):
-        if not entry:
-            continue
-        meta, _, path = entry.partition("\t")
-        mode, sha, _stage = meta.split(" ")
-        hashes[path] = f"{mode}:{sha}"
-    return hashes
-
-
-def check(
-    run: RunGit, base_sha: str, *, ref: str | None = None, allowed: Sequence[str] = ()
-) -> Check:
-    """Compare the protected paths of the index (or of commit `ref`) with the base commit."""
+def check(run: RunGit, base_sha: str, *, ref: str, allowed: Sequence[str] = ()) -> Check:
+    """Compare the protected paths of commit `ref` with the base commit."""
     try:
         config = run(["show", f"{base_sha}:{CONFIG_NAME}"])
     except GitFailed:  # no autopilot.toml at the base: only the built-in list applies
@@ -126,10 +115,52 @@ def check(
     patterns = patterns_from_config(config)
     allowed = [_normalise(a) for a in allowed]
     base = _tree_hashes(run, base_sha)
-    candidate = _index_hashes(run) if ref is None else _tree_hashes(run, ref)
+    candidate = _tree_hashes(run, ref)
     result = Check(patterns)
     result.base_hashes = {p: h for p, h in base.items() if is_protected(p, patterns, allowed)}
     result.candidate_hashes = {
         p: h for p, h in candidate.items() if is_protected(p, patterns, allowed)
     }
     return result
+
+
+_SYMLINK, _SUBMODULE = "120000", "160000"
+
+
+def _forbidden_name(path: str) -> str | None:
+    for part in path.split("/"):
+        lowered = part.lower()
+        # `.git` in any case or with trailing dots/spaces: what checkouts on other systems read
+        # as the repository's own git dir.
+        if lowered.rstrip(". ") == ".git" or lowered.startswith(".git~"):
+            return f"{path}: a .git entry"
+        if part == "__pycache__":
+            return f"{path}: a __pycache__ directory (bytecode is never committed)"
+    if path.endswith((".pyc", ".pyo")):
+        return f"{path}: a bytecode file (bytecode is never committed)"
+    return None
+
+
+def forbidden_entries(run: RunGit, base_sha: str, head: str) -> list[str]:
+    """What the commits from `base_sha` to `head` add or change that an agent may never commit:
+    a `.git` file or directory, a `__pycache__` dir, a `*.pyc` file, a submodule, or a symlink
+    whose target is absolute or leaves the repository. One line per entry."""
+    out = run(["diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", base_sha, head])
+    fields = out.split("\0")
+    problems: list[str] = []
+    for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+        if not meta.startswith(":"):
+            continue
+        _old_mode, new_mode, _old_sha, new_sha, status = meta[1:].split(" ")
+        if status == "D":
+            continue
+        if reason := _forbidden_name(path):
+            problems.append(reason)
+        elif new_mode == _SUBMODULE:
+            problems.append(f"{path}: a submodule")
+        elif new_mode == _SYMLINK:
+            target = run(["cat-file", "blob", new_sha])
+            inside = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+            if target.startswith("/") or inside == ".." or inside.startswith("../"):
+                problems.append(f"{path}: a symlink to {target!r}, outside the repository")
+    return problems

@@ -56,6 +56,17 @@ def results_dir(cycle_id: str) -> str:
     return f"{RESULTS_DIR}/{cycle_id}"
 
 
+def render_files(result: Mapping[str, Any], context: ReportContext) -> dict[str, bytes]:
+    """The three files, by their path in the repository (`results/<cycle>/...`)."""
+    directory = results_dir(context.cycle_id)
+    text = json.dumps(result, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
+    return {
+        f"{directory}/result.json": text.encode(),
+        f"{directory}/REPORT.md": render_markdown(result, context).encode(),
+        f"{directory}/plot.svg": render_plot(result).encode(),
+    }
+
+
 def write_report(root: Path, result: Mapping[str, Any], context: ReportContext) -> ReportFiles:
     """Write the three files under `root/results/<cycle>/` and return their paths."""
     directory = root / results_dir(context.cycle_id)
@@ -63,11 +74,8 @@ def write_report(root: Path, result: Mapping[str, Any], context: ReportContext) 
     files = ReportFiles(
         directory, directory / "result.json", directory / "REPORT.md", directory / "plot.svg"
     )
-    files.result.write_text(
-        json.dumps(result, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n"
-    )
-    files.report.write_text(render_markdown(result, context))
-    files.plot.write_text(render_plot(result))
+    for relative, content in render_files(result, context).items():
+        (root / relative).write_bytes(content)
     return files
 
 

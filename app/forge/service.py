@@ -14,7 +14,7 @@ from app.db import Stores
 from app.forge import mirror, report
 from app.forge.base import Forge, ProjectRef, PullRequest
 from app.forge.exceptions import BaseBranchMissing, MergeConflict, PullRequestNotOpen
-from app.forge.git import GitWork, Worktree
+from app.forge.git import CycleBranch, GitWork
 from app.projects import config as project_config
 from app.projects.config import CONFIG_FILE, ConfigError, ProjectConfig
 from app.settings import Settings
@@ -56,6 +56,11 @@ def config_at_url(git_work: GitWork, url: str, branch: str) -> tuple[str, Projec
     return sha, _parse_at(sha, branch, text)
 
 
+def config_at_commit(git_work: GitWork, project: str, sha: str, branch: str) -> ProjectConfig:
+    """`autopilot.toml` at a commit already in the project's mirror (a cycle's candidate)."""
+    return _parse_at(sha, branch, git_work.show(project, sha, CONFIG_FILE))
+
+
 def _parse_at(sha: str, branch: str, text: str | None) -> ProjectConfig:
     if text is None:
         raise ConfigError(
@@ -71,19 +76,19 @@ def _allowed(cycle_id: str) -> list[str]:
 
 def commit_results(
     git_work: GitWork,
-    worktree: Worktree,
+    branch: CycleBranch,
     result: Mapping[str, Any],
     context: report.ReportContext,
     *,
     message: str | None = None,
 ) -> str:
-    """Write `results/<cycle>/` (result.json, REPORT.md, plot.svg) and commit it with the
-    agent's change, after the protected-path check. Returns the commit sha."""
-    report.write_report(worktree.path, result, context)
+    """Commit `results/<cycle>/` (result.json, REPORT.md, plot.svg) on top of the cycle's
+    candidate, from objects (no directory anyone else could write is read). Returns the sha."""
     title = context.hypothesis.strip().splitlines()[0] if context.hypothesis.strip() else ""
     verdict = result.get("verdict") or result.get("status") or "no verdict"
-    return git_work.commit(
-        worktree,
+    return git_work.commit_files(
+        branch,
+        report.render_files(result, context),
         message
         or f"{title or 'Cycle ' + context.cycle_id} ({verdict})\n\nCycle {context.cycle_id}",
         allowed=_allowed(context.cycle_id),
@@ -94,15 +99,15 @@ def publish(
     git_work: GitWork,
     forge: Forge,
     project: ProjectRef,
-    worktree: Worktree,
+    branch: CycleBranch,
     cycle_id: str,
     *,
     title: str,
     body: str,
 ) -> PullRequest:
     """Push the cycle's branch to the forge's remote and open (or find) its pull request."""
-    git_work.push(worktree, forge.remote_url(project), allowed=_allowed(cycle_id))
-    return forge.open_pull_request(project, worktree.branch, worktree.base, title, body)
+    git_work.push(branch, forge.remote_url(project), allowed=_allowed(cycle_id))
+    return forge.open_pull_request(project, branch.branch, branch.base, title, body)
 
 
 @dataclass(frozen=True)

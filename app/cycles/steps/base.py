@@ -9,7 +9,7 @@ from app.cycles import repository, service
 from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge.base import Forge, ProjectRef
-from app.forge.git import GitWork, Worktree, slugify
+from app.forge.git import CycleBranch, GitWork, slugify
 from app.settings import Settings
 
 
@@ -39,9 +39,9 @@ class Step:
     def git(self) -> GitWork:
         return GitWork(self.settings)
 
-    def worktree(self, cycle: Cycle, project: ProjectRef, forge: Forge) -> Worktree:
-        """The cycle's worktree and branch, made once and reused by every later step."""
+    def branch(self, cycle: Cycle, project: ProjectRef, forge: Forge) -> CycleBranch:
+        """The cycle's branch in the project's mirror, made once and reused by every later step."""
         slug = slugify(cycle.agent if cycle.agent != "config" else "cycle")
-        return self.git().prepare_worktree(
+        return self.git().start_branch(
             project.name, forge.remote_url(project), project.default_branch, cycle.id, slug
         )

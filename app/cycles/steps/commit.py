@@ -23,8 +23,8 @@ class Commit(Step):
             assert job is not None
             result = dict(job.result or {})
             repository.detach(session, cycle)
-        worktree = self.worktree(cycle, ref, forge)
-        sha = forge_service.commit_results(self.git(), worktree, result, report_context(cycle, ref))
+        branch = self.branch(cycle, ref, forge)
+        sha = forge_service.commit_results(self.git(), branch, result, report_context(cycle, ref))
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)
             cycle.commit_sha = sha

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.agents import service as agents
+from app.agents import workspace
+from app.agents.workspace import Workspace
 from app.cycles import repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.forge.exceptions import FetchFailed
-from app.forge.git import GitWork, Worktree
+from app.forge.git import CycleBranch, GitWork
 from app.jobs import service as jobs
 from app.memory import service as memory
 from app.projects.config import ProjectConfig
@@ -103,30 +105,47 @@ class Plan(Step):
             return agents.for_name(name)
         cycle, ref = self.detached(cycle_id)
         forge = forge_service.forge_for(self.settings, self.stores)
-        worktree = self.worktree(cycle, ref, forge)
+        git = self.git()
+        branch = self.branch(cycle, ref, forge)
+        space = Workspace(self.settings.state_dir.absolute() / "cycles" / str(cycle_id) / "agent")
         return _CheckedCommandAgent(
             agents.CommandAgent(
                 argv=list(config.agent.command),
-                workdir=worktree.path,
-                files=self.settings.state_dir.absolute() / "cycles" / str(cycle_id) / "agent",
+                workspace=space,
                 time_limit_s=config.agent.time_limit_s,
+                run_name=f"agent-{cycle_id}",
+                sandboxed=self.settings.sandbox == "on",
             ),
-            self.git(),
-            worktree,
+            git,
+            branch,
+            (self.settings.git_author_name, self.settings.git_author_email),
         )
 
 
 @dataclass
 class _CheckedCommandAgent:
-    """The command agent, then the protected-path check on what it changed: before any GPU."""
+    """The command agent in a fresh scratch clone of the base, then its commits taken back as
+    objects and checked (protected paths, git internals, bytecode, symlinks): before any GPU."""
 
     inner: agents.CommandAgent
     git_work: GitWork
-    worktree: Worktree
+    branch: CycleBranch
+    author: tuple[str, str]
     name: str = "command"
 
     def propose(self, context: agents.Context) -> agents.Proposal | None:
+        space = self.inner.workspace
+        space.reset()
+        self.git_work.reset_to_base(self.branch)
+        self.git_work.scratch_clone(self.branch, space.repo)
         proposal = self.inner.propose(context)
-        self.git_work.git.run(["add", "--all"], self.worktree.path)
-        self.git_work.check_protected(self.worktree)
+        bundle = workspace.pack(
+            space,
+            self.branch.base_sha,
+            name=f"{self.inner.run_name}-pack",
+            author=self.author,
+            message=f"Change proposed by the agent\n\n{proposal.hypothesis if proposal else ''}",
+            enabled=self.inner.sandboxed,
+        )
+        self.git_work.take_agent_work(self.branch, bundle)
         return proposal

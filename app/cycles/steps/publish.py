@@ -26,13 +26,13 @@ class Publish(Step):
     def run(self, cycle_id: int) -> bool:
         forge = forge_service.forge_for(self.settings, self.stores)
         cycle, ref = self.detached(cycle_id)
-        worktree = self.worktree(cycle, ref, forge)
+        branch = self.branch(cycle, ref, forge)
         try:
             pr = forge_service.publish(
                 self.git(),
                 forge,
                 ref,
-                worktree,
+                branch,
                 str(cycle.id),
                 title=pr_title(cycle),
                 body=pr_body(cycle),

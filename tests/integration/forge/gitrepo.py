@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from app.agents import workspace
+from app.agents.workspace import Workspace
+from app.forge.git import CycleBranch, GitWork
 from app.settings import Settings
 
 AUTOPILOT_TOML = """\
@@ -114,3 +117,31 @@ def harness_result(verdict: str = "faster") -> dict[str, object]:
         },
         "environment": {"python": "3.11.9", "torch": "2.4.0", "device_name": "cpu"},
     }
+
+
+def agent_change(
+    work: GitWork,
+    branch: CycleBranch,
+    tmp: Path,
+    edits: dict[str, str | None],
+    *,
+    commit: bool = False,
+) -> Path | None:
+    """What an agent's run leaves: a scratch clone with `edits` (None deletes), committed by
+    the agent itself or not, packed into a bundle the way the plan step does it."""
+    space = Workspace(tmp / "agent" / branch.branch.rsplit("/", 1)[-1])
+    space.reset()
+    work.scratch_clone(branch, space.repo)
+    for path, text in edits.items():
+        target = space.repo / path
+        if text is None:
+            target.unlink()
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    if commit:
+        git(space.repo, "add", "-A")
+        git(space.repo, "commit", "-qm", "agent")
+    return workspace.pack(
+        space, branch.base_sha, name="t-pack", author=("a", "a@b"), message="m", enabled=False
+    )

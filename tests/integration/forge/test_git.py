@@ -1,4 +1,5 @@
-"""GitWork against real git: mirrors, worktrees, commits, pushes, a moving base, bad input."""
+"""GitWork against real git: mirrors, cycle branches, the agent's bundle, commits made from
+objects, pushes, a moving base, bad input."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from app.agents import workspace
+from app.agents.workspace import Workspace
 from app.forge import git as gitmod
 from app.forge.exceptions import (
     BaseBranchMissing,
@@ -20,7 +23,13 @@ from app.forge.exceptions import (
 )
 from app.forge.git import GitWork
 from app.forge.gitrunner import GitRunner
-from tests.integration.forge.gitrepo import commit_to, git, make_origin, plain_settings
+from tests.integration.forge.gitrepo import (
+    agent_change,
+    commit_to,
+    git,
+    make_origin,
+    plain_settings,
+)
 
 RESULTS = ["results/c0ffee01/"]
 
@@ -35,49 +44,55 @@ def work(tmp_path: Path) -> GitWork:
     return GitWork(plain_settings(tmp_path), push_attempts=3, push_backoff_s=0.01)
 
 
-def test_prepare_commit_push_round_trip(work: GitWork, origin: Path, tmp_path: Path) -> None:
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01-aaaa", "Fuse the FFT")
-    assert wt.branch == "autopilot/spectral/c0ffee01-fuse-the-fft"
-    assert wt.path == tmp_path / "state" / "worktrees" / "spectral" / "c0ffee01"
+def test_branch_agent_work_results_push_round_trip(
+    work: GitWork, origin: Path, tmp_path: Path
+) -> None:
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01-aaaa", "Fuse the FFT")
+    assert br.branch == "autopilot/spectral/c0ffee01-fuse-the-fft"
     assert (tmp_path / "state" / "repos" / "spectral.git" / "HEAD").exists()
-    assert wt.base_sha == git(origin, "rev-parse", "main")
+    assert br.base_sha == git(origin, "rev-parse", "main") == work.tip(br)
 
-    (wt.path / "src" / "kernel.py").write_text("def kernel(x):\n    return x + x\n")
-    (wt.path / "results" / "c0ffee01").mkdir(parents=True)
-    (wt.path / "results" / "c0ffee01" / "result.json").write_text("{}\n")
-    sha = work.commit(wt, "Fuse the FFT", allowed=RESULTS)
-    assert work.commit(wt, "Fuse the FFT", allowed=RESULTS) == sha  # nothing new: same commit
-    assert git(wt.path, "log", "-1", "--format=%an <%ae>|%cn") == (
+    bundle = agent_change(
+        work, br, tmp_path, {"src/kernel.py": "def kernel(x):\n    return x + x\n"}
+    )
+    head = work.take_agent_work(br, bundle)
+    assert head != br.base_sha and work.tip(br) == head
+    assert work.show("spectral", head, "src/kernel.py") == "def kernel(x):\n    return x + x"
+    files = {"results/c0ffee01/result.json": b"{}\n"}
+    sha = work.commit_files(br, files, "Fuse the FFT", allowed=RESULTS)
+    assert work.commit_files(br, files, "Fuse the FFT", allowed=RESULTS) == sha  # idempotent
+    mirror = br.mirror
+    assert git(mirror, "log", "-1", "--format=%an <%ae>|%cn", sha) == (
         "Autopilot Test <autopilot@test.example>|Autopilot Test"
     )
+    assert git(mirror, "rev-parse", f"{sha}^") == head
 
-    assert work.push(wt, str(origin), allowed=RESULTS) == sha
-    assert work.push(wt, str(origin), allowed=RESULTS) == sha  # idempotent
-    assert git(origin, "rev-parse", wt.branch) == sha
-    assert work.remote_head(str(origin), wt.branch) == sha
+    assert work.push(br, str(origin), allowed=RESULTS) == sha
+    assert work.push(br, str(origin), allowed=RESULTS) == sha  # idempotent
+    assert git(origin, "rev-parse", br.branch) == sha
+    assert work.remote_head(str(origin), br.branch) == sha
 
-    again = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01-aaaa", "Fuse the FFT")
-    assert again == wt
-    work.remove_worktree(wt)
-    assert not wt.path.exists()
-    # After a crash that lost the checkout, the branch (with its commit) comes back.
-    back = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01-aaaa", "Fuse the FFT")
-    assert git(back.path, "rev-parse", "HEAD") == sha
+    again = work.start_branch("spectral", str(origin), "main", "c0ffee01-aaaa", "Fuse the FFT")
+    assert again == br and work.tip(again) == sha
+    with pytest.raises(BaseBranchMissing, match="does not exist"):
+        work.start_branch("spectral", str(origin), "develop", "c0ffee01", "x")
 
 
 def test_base_that_moves_under_a_running_cycle(work: GitWork, origin: Path, tmp_path: Path) -> None:
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "tile")
-    started_on = wt.base_sha
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "tile")
+    started_on = br.base_sha
     moved = commit_to(origin, tmp_path, "main", "src/other.py", "X = 1\n")
     # The cycle is resumed (say after a crash): it keeps the base it measured against.
-    resumed = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "tile")
+    resumed = work.start_branch("spectral", str(origin), "main", "c0ffee01", "tile")
     assert resumed.base_sha == started_on != moved
-    (wt.path / "src" / "kernel.py").write_text("def kernel(x):\n    return 2 * x\n")
-    sha = work.commit(wt, "tile")
-    work.push(wt, str(origin))
-    assert git(origin, "rev-parse", wt.branch) == sha
+    bundle = agent_change(
+        work, br, tmp_path, {"src/kernel.py": "def kernel(x):\n    return 2 * x\n"}
+    )
+    sha = work.take_agent_work(br, bundle)
+    work.push(br, str(origin))
+    assert git(origin, "rev-parse", br.branch) == sha
     assert work.remote_head(str(origin), "main") == moved
-    assert git(origin, "merge-base", "main", wt.branch) == started_on
+    assert git(origin, "merge-base", "main", br.branch) == started_on
 
 
 @pytest.mark.parametrize(
@@ -91,45 +106,57 @@ def test_base_that_moves_under_a_running_cycle(work: GitWork, origin: Path, tmp_
         ("results/older/result.json", "add"),
     ],
 )
-def test_protected_paths_are_refused(work: GitWork, origin: Path, path: str, action: str) -> None:
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "cheat")
-    target = wt.path / path
-    if action == "delete":
-        target.unlink()
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("TOLERANCE = 1.0  # the agent makes its result look better\n")
+@pytest.mark.parametrize("committed", [False, True])
+def test_protected_paths_are_refused(
+    work: GitWork, origin: Path, tmp_path: Path, path: str, action: str, committed: bool
+) -> None:
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "cheat")
+    text = (
+        None
+        if action == "delete"
+        else "TOLERANCE = 1.0  # the agent makes its result look better\n"
+    )
+    bundle = agent_change(work, br, tmp_path, {path: text}, commit=committed)
     with pytest.raises(ProtectedPathChanged) as caught:
-        work.commit(wt, "cheat", allowed=RESULTS)
+        work.take_agent_work(br, bundle)
     assert path in caught.value.detail
     assert caught.value.extra["paths"] == [path]
-    assert git(wt.path, "rev-parse", "HEAD") == wt.base_sha  # nothing was committed
+    assert work.tip(br) == br.base_sha  # nothing was taken
 
 
-def test_agent_commit_to_the_harness_is_refused_at_push(work: GitWork, origin: Path) -> None:
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "sneaky")
-    (wt.path / "experiments" / "harness" / "judge.py").write_text("TOLERANCE = 1.0\n")
-    git(wt.path, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-qam", "agent")
-    # The agent committed by itself; the commit gate sees the index equal HEAD, but the
-    # protected check compares with the base, so both commit and push refuse it.
-    with pytest.raises(ProtectedPathChanged):
-        work.commit(wt, "x")
-    with pytest.raises(ProtectedPathChanged):
-        work.push(wt, str(origin))
-    assert work.remote_head(str(origin), wt.branch) is None
+def test_protected_path_turned_into_a_symlink_is_refused(
+    work: GitWork, origin: Path, tmp_path: Path
+) -> None:
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "link")
+    space = Workspace(tmp_path / "agent-link")
+    space.reset()
+    work.scratch_clone(br, space.repo)
+    judge = space.repo / "experiments" / "harness" / "judge.py"
+    (space.repo / "src" / "lenient.py").write_text("TOLERANCE = 1.0\n")
+    judge.unlink()
+    judge.symlink_to("../../src/lenient.py")
+    bundle = workspace.pack(
+        space, br.base_sha, name="t", author=("a", "a@b"), message="m", enabled=False
+    )
+    with pytest.raises(ProtectedPathChanged, match="experiments/harness/judge.py"):
+        work.take_agent_work(br, bundle)
 
 
-def test_unprotected_change_and_own_results_pass(work: GitWork, origin: Path) -> None:
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "ok")
-    (wt.path / "src" / "kernel.py").write_text("def kernel(x):\n    return x << 1\n")
-    (wt.path / "results" / "c0ffee01").mkdir(parents=True)
-    (wt.path / "results" / "c0ffee01" / "REPORT.md").write_text("# ok\n")
-    git(wt.path, "add", "-A")
-    check = work.check_protected(wt, allowed=RESULTS)
+def test_results_written_by_the_autopilot_pass_but_not_elsewhere(
+    work: GitWork, origin: Path, tmp_path: Path
+) -> None:
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "ok")
+    bundle = agent_change(
+        work, br, tmp_path, {"src/kernel.py": "def kernel(x):\n    return x << 1\n"}
+    )
+    work.take_agent_work(br, bundle)
+    check = work.check_protected(br, allowed=RESULTS)
     assert check.violations == []
     assert "experiments/harness/judge.py" in check.base_hashes
     assert check.base_hashes == check.candidate_hashes
-    work.commit(wt, "ok", allowed=RESULTS)
+    work.commit_files(br, {"results/c0ffee01/REPORT.md": b"# ok\n"}, "ok", allowed=RESULTS)
+    with pytest.raises(ProtectedPathChanged):
+        work.commit_files(br, {"results/other/REPORT.md": b"# no\n"}, "no", allowed=RESULTS)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +174,7 @@ def test_disallowed_transports_are_refused(work: GitWork, url: str) -> None:
     with pytest.raises(TransportNotAllowed):
         work.fetch("spectral", url)
     with pytest.raises(TransportNotAllowed):
-        work.prepare_worktree("spectral", url, "main", "c0ffee01", "x")
+        work.start_branch("spectral", url, "main", "c0ffee01", "x")
 
 
 def test_git_itself_refuses_ext_even_if_validation_were_bypassed(tmp_path: Path) -> None:
@@ -163,12 +190,12 @@ def test_git_itself_refuses_ext_even_if_validation_were_bypassed(tmp_path: Path)
 )
 def test_bad_base_refs_are_refused(work: GitWork, origin: Path, base: str) -> None:
     with pytest.raises(InvalidRef):
-        work.prepare_worktree("spectral", str(origin), base, "c0ffee01", "x")
+        work.start_branch("spectral", str(origin), base, "c0ffee01", "x")
 
 
 def test_missing_base_branch(work: GitWork, origin: Path) -> None:
     with pytest.raises(BaseBranchMissing, match="does not exist"):
-        work.prepare_worktree("spectral", str(origin), "develop", "c0ffee01", "x")
+        work.start_branch("spectral", str(origin), "develop", "c0ffee01", "x")
 
 
 def test_remote_that_rejects_the_push(tmp_path: Path, origin: Path) -> None:
@@ -181,12 +208,11 @@ def test_remote_that_rejects_the_push(tmp_path: Path, origin: Path) -> None:
     work = GitWork(
         plain_settings(tmp_path), push_attempts=3, push_backoff_s=0.01, sleep=sleeps.append
     )
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "x")
-    (wt.path / "src" / "kernel.py").write_text("pass\n")
-    work.commit(wt, "x")
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "x")
+    work.take_agent_work(br, agent_change(work, br, tmp_path, {"src/kernel.py": "pass\n"}))
     with pytest.raises(PushRejected) as caught:
-        work.push(wt, str(origin))
-    assert wt.branch in caught.value.detail
+        work.push(br, str(origin))
+    assert br.branch in caught.value.detail
     assert "pre-receive hook declined" in caught.value.detail
     assert "branch policy" in caught.value.detail
     assert sleeps == []  # a refusal is not retried
@@ -206,19 +232,18 @@ def test_transient_push_failure_is_retried_and_credentials_never_leak(
         push_backoff_s=0.01,
         sleep=sleeps.append,
     )
-    wt = work.prepare_worktree("spectral", str(origin), "main", "c0ffee01", "x")
-    (wt.path / "src" / "kernel.py").write_text("pass\n")
-    work.commit(wt, "x")
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "x")
+    work.take_agent_work(br, agent_change(work, br, tmp_path, {"src/kernel.py": "pass\n"}))
     # Nothing listens on port 1: connection refused, a transient failure.
     url = f"https://x-access-token:{token}@127.0.0.1:1/lab/research.git"
     with pytest.raises(PushFailed) as caught:
-        work.push(wt, url)
+        work.push(br, url)
     assert sleeps == [0.01, 0.02]
     assert "failed 3 times" in caught.value.detail
     assert token not in caught.value.detail and token not in str(caught.value)
     # The token as a header (no credentials in the URL) does not leak either.
     with pytest.raises(PushFailed) as second:
-        work.push(wt, "https://127.0.0.1:1/lab/research.git")
+        work.push(br, "https://127.0.0.1:1/lab/research.git")
     assert token not in str(second.value)
     with pytest.raises(GitFailed) as third:
         work.fetch("spectral", url)

@@ -11,11 +11,17 @@ from app.db import Stores
 from app.forge import service
 from app.forge.base import ProjectRef, PullRequest
 from app.forge.exceptions import HeadMoved, InvalidRef, PullRequestNotFound, PullRequestNotOpen
-from app.forge.git import GitWork, Worktree
+from app.forge.git import CycleBranch, GitWork
 from app.forge.local import LocalForge
 from app.forge.report import ReportContext
 from app.settings import Settings
-from tests.integration.forge.gitrepo import commit_to, git, harness_result, make_origin
+from tests.integration.forge.gitrepo import (
+    agent_change,
+    commit_to,
+    git,
+    harness_result,
+    make_origin,
+)
 
 CYCLE = "c0ffee01"
 
@@ -41,9 +47,11 @@ def run_cycle(
     project: ProjectRef,
     cycle: str = CYCLE,
     change: str = "def kernel(x):\n    return x + x\n",
-) -> tuple[Worktree, str, PullRequest]:
-    wt = work.prepare_worktree(project.name, forge.remote_url(project), "main", cycle, "fuse")
-    (wt.path / "src" / "kernel.py").write_text(change)
+) -> tuple[CycleBranch, str, PullRequest]:
+    wt = work.start_branch(project.name, forge.remote_url(project), "main", cycle, "fuse")
+    if work.tip(wt) == wt.base_sha:  # the agent ran once (the plan step is not repeated)
+        bundle = agent_change(work, wt, work.repos_dir.parent, {"src/kernel.py": change})
+        work.take_agent_work(wt, bundle)
     context = ReportContext(
         cycle_id=cycle,
         project=project.name,

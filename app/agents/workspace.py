@@ -1,0 +1,128 @@
+"""Where a command agent works, and how its work comes back.
+
+The agent gets one directory and nothing else writable: a scratch clone of the cycle's base
+commit (`repo/`) and its files (`files/`: prompt, context, proposal, output). It runs in the
+sandbox (`app.sandbox`), keeps the network (it calls its model) and gets no service secret.
+Its commits come back as a git bundle that `pack` writes, also inside the sandbox, so that no
+hook, fsmonitor or config the agent planted in its clone ever runs outside it; the control host
+fetches the bundle as objects (DESIGN.md, "Hosts and boundaries").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from app import sandbox
+from app.agents.exceptions import AgentFailed
+
+#: Commits what the agent left uncommitted, then bundles base..HEAD (nothing when unchanged).
+_PACK = """\
+set -eu
+git add --all
+if ! git diff --cached --quiet; then
+  git commit --quiet --no-verify --no-gpg-sign -m "$AUTOPILOT_MESSAGE"
+fi
+rm -f "$AUTOPILOT_BUNDLE"
+if [ "$(git rev-parse HEAD)" != "$AUTOPILOT_BASE" ]; then
+  git bundle create --quiet "$AUTOPILOT_BUNDLE" HEAD "^$AUTOPILOT_BASE"
+fi
+"""
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @property
+    def repo(self) -> Path:
+        return self.root / "repo"
+
+    @property
+    def files(self) -> Path:
+        return self.root / "files"
+
+    @property
+    def bundle(self) -> Path:
+        return self.root / "agent.bundle"
+
+    def reset(self) -> None:
+        """An empty workspace (what an earlier run left is dropped)."""
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        self.files.mkdir(parents=True)
+
+
+def tool_paths(argv0: str, search_path: str) -> list[Path]:
+    """What must be readable for the agent's program to start: the venv it lives in (with
+    `pyvenv.cfg`), else its own directory, unless the system paths already hold it."""
+    found = shutil.which(argv0, path=search_path) if os.sep not in argv0 else argv0
+    if not found:
+        return []
+    program = Path(os.path.abspath(found))
+    if any(program.is_relative_to(p) for p in sandbox.system_read_only()):
+        return []
+    for parent in program.parents:
+        if (parent / "pyvenv.cfg").is_file():
+            return [parent]
+    return [program.parent]
+
+
+def policy(
+    workspace: Workspace,
+    env: Mapping[str, str],
+    argv: Sequence[str],
+    *,
+    read_only: Sequence[Path] = (),
+) -> sandbox.Policy:
+    tools = tool_paths(argv[0], env.get("PATH", "")) if argv else []
+    return sandbox.Policy(
+        cwd=workspace.repo,
+        env=dict(env),
+        read_only=[*tools, *read_only],
+        writable=[workspace.root],
+        network=True,
+    )
+
+
+def pack(
+    workspace: Workspace,
+    base_sha: str,
+    *,
+    name: str,
+    author: tuple[str, str],
+    message: str,
+    enabled: bool,
+    time_limit_s: float = 120.0,
+) -> Path | None:
+    """Bundle the agent's commits (its uncommitted changes committed first), in the sandbox;
+    the bundle, or None when the agent changed nothing."""
+    who, email = author
+    env = sandbox.allow_env(os.environ, sandbox.BASE_ENV_NAMES) | {
+        "HOME": str(workspace.files),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": who,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": who,
+        "GIT_COMMITTER_EMAIL": email,
+        "AUTOPILOT_MESSAGE": message,
+        "AUTOPILOT_BASE": base_sha,
+        "AUTOPILOT_BUNDLE": str(workspace.bundle),
+    }
+    log = workspace.files / "pack.log"
+    code = sandbox.run(
+        ["/bin/sh", "-c", _PACK],
+        sandbox.Policy(cwd=workspace.repo, env=env, writable=[workspace.root]),
+        name=name,
+        timeout_s=time_limit_s,
+        log_path=log,
+        sandbox=enabled,
+    )
+    if code != 0:
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise AgentFailed(f"committing the agent's changes failed (exit {code}): {tail.strip()}")
+    return workspace.bundle if workspace.bundle.exists() else None
