@@ -46,6 +46,11 @@ class Experiment(BaseModel):
     parameters: dict[str, list[Scalar]] = Field(default_factory=dict)
     defaults: dict[str, Scalar] = Field(default_factory=dict)
     imports: list[str] = Field(default_factory=list, description="modules the guard checks")
+    network: bool = Field(
+        default=False,
+        description="give the experiment the host's network; by default its sandbox has none "
+        "(a benchmark reads no server, and untrusted code reaches none)",
+    )
 
     @field_validator("entry")
     @classmethod

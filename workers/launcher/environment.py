@@ -26,6 +26,8 @@ PROTOCOL = frozenset(
         "PYTHONSAFEPATH",
         "PYTHONPATH",
         "PYTHONNOUSERSITE",
+        "PYTHONPYCACHEPREFIX",
+        "PYTHONDONTWRITEBYTECODE",
         "TMPDIR",
         "CUDA_VISIBLE_DEVICES",
         "AUTOPILOT_SPEC",
@@ -138,8 +140,13 @@ def build_child_env(
     pythonpath: Sequence[Path] = (),
     requirements_hash: str | None = None,
     extra: Mapping[str, str] | None = None,
+    pycache_prefix: Path | None = None,
 ) -> dict[str, str]:
-    """The complete environment of an experiment process (and of its preflight guard)."""
+    """The complete environment of an experiment process (and of its preflight guard).
+
+    With `pycache_prefix` (a fresh dir of the job's own) no bytecode is written into the tree
+    and none is read from it: a clean run imports the tree's sources, never a `.pyc` an earlier
+    run of other code left beside them (DESIGN.md, "Hosts and boundaries")."""
     env = {
         name: value
         for name, value in base_env.items()
@@ -155,6 +162,9 @@ def build_child_env(
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is outside the venv: never on the job's path
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in pythonpath)
+    if pycache_prefix is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["TMPDIR"] = str(runtime_dir)
     if cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices

@@ -22,7 +22,14 @@ from workers.launcher.venv import COMPLETE_MARKER, VenvError, interpreter_path
 
 #: Per-job paths: they differ on every launch and do not change what imports from where.
 _VOLATILE = frozenset(
-    {"AUTOPILOT_SPEC", "AUTOPILOT_EVENTS", "AUTOPILOT_RESULT", "TMPDIR", "CUDA_VISIBLE_DEVICES"}
+    {
+        "AUTOPILOT_SPEC",
+        "AUTOPILOT_EVENTS",
+        "AUTOPILOT_RESULT",
+        "TMPDIR",
+        "PYTHONPYCACHEPREFIX",
+        "CUDA_VISIBLE_DEVICES",
+    }
 )
 GUARD_VERSION = "1"
 

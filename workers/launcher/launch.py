@@ -1,5 +1,6 @@
 """How a job's process is started: its launch spec (venv, entry, cwd, runtime dir, spec), the
-environment it gets, and the spawn that makes it a group of its own that dies with the worker.
+environment it gets, its sandbox, and the spawn that makes it a group of its own, in its cgroup,
+that dies with the worker.
 
 Shared by the runner (a cold start) and the parked interpreter (`spare.py`), so that both start
 an interpreter the same way.
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import sandbox
+from workers.launcher import confine
 from workers.launcher.environment import build_child_env
 from workers.launcher.runtime import RuntimeDir
 from workers.launcher.venv import interpreter_path
@@ -45,6 +48,9 @@ class LaunchSpec:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     base_env: Mapping[str, str] = field(default_factory=dict)  # the worker's env to filter
     requirements_hash: str | None = None
+    sandboxed: bool = False  # under bubblewrap (`Settings.sandbox == "on"`)
+    network: bool = False  # the host's network inside the sandbox (the experiment's `network`)
+    cgroup: str | None = None  # its cgroup's name (`job-<id>`); None: its process group only
 
     @property
     def python(self) -> Path:
@@ -71,6 +77,20 @@ class LaunchSpec:
             pythonpath=self.pythonpath,
             requirements_hash=self.requirements_hash,
             extra=self.extra_env,
+            pycache_prefix=self.runtime.target / "pycache",
+        )
+
+    def policy(self) -> sandbox.Policy | None:
+        """Its sandbox, or None when it runs unconfined."""
+        if not self.sandboxed:
+            return None
+        return confine.policy(
+            cwd=self.cwd,
+            venv=self.venv,
+            env=self.env(),
+            network=self.network,
+            runtime=self.runtime,
+            pythonpath=self.pythonpath,
         )
 
 
@@ -86,11 +106,18 @@ def _libc_prctl() -> Callable[..., int] | None:
 _PRCTL = _libc_prctl()
 
 
-def dies_with_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]:
+def dies_with_parent(
+    parent_pid: int,
+    sig: signal.Signals = signal.SIGKILL,
+    join: Callable[[], None] | None = None,
+) -> Callable[[], None]:
     """A preexec_fn: the child gets `sig` when the thread that started it dies (the demo's
-    services ask for SIGTERM, so that Celery still shuts down warm)."""
+    services ask for SIGTERM, so that Celery still shuts down warm); with `join`
+    (`Cgroup.preexec()`), it first joins its cgroup, before it execs anything."""
 
     def setup() -> None:
+        if join is not None:
+            join()
         # The child dies with its parent; a parent that died before this call is
         # caught by the ppid check (the child was already reparented).
         if _PRCTL is not None:
@@ -107,14 +134,29 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
 
 
 def spawn(
-    argv: list[str], cwd: Path, env: dict[str, str], stdin: int, pass_fds: Sequence[int] = ()
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    stdin: int,
+    pass_fds: Sequence[int] = (),
+    *,
+    policy: sandbox.Policy | None = None,
+    cgroup: sandbox.Cgroup | None = None,
 ) -> subprocess.Popen[bytes]:
+    """Start `argv`, under bubblewrap when there is a `policy` (which then holds its cwd and
+    environment), in `cgroup` when there is one."""
+    run_cwd: Path | None = cwd
+    if policy is not None:
+        # bwrap itself gets an empty environment: --clearenv hides it from the job, but the
+        # sandbox's pid 1 is bwrap, whose /proc/1/environ the job can read.
+        argv, env, run_cwd = sandbox.command(argv, policy), {}, None
     # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
     # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
     # measured no better (an extra exec), so the job's death with the worker is kept this way.
+    # Under bwrap it applies to bwrap, whose --die-with-parent takes the sandbox down in turn.
     return subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
         argv,
-        cwd=cwd,
+        cwd=run_cwd,
         env=env,
         stdin=stdin,
         stdout=subprocess.PIPE,
@@ -122,5 +164,7 @@ def spawn(
         start_new_session=True,  # the child leads its own group: pgid == pid
         close_fds=True,
         pass_fds=tuple(pass_fds),
-        preexec_fn=dies_with_parent(os.getpid()),
+        preexec_fn=dies_with_parent(
+            os.getpid(), join=cgroup.preexec() if cgroup is not None else None
+        ),
     )

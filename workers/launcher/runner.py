@@ -1,9 +1,11 @@
 """The process runner: one experiment process group, its event socket, its limits, its outcome.
 
 The job runs as `<venv>/bin/python -m <entry>` in its own session and process group with a
-scrubbed environment (`environment.py`). It dies with the worker (PR_SET_PDEATHSIG), is
-stopped as a whole group on timeout (SIGTERM, a grace period, SIGKILL), and whatever it
-leaves in its group when it exits is killed, so no grandchild outlives the job.
+scrubbed environment (`environment.py`), under bubblewrap when the host's sandbox is on
+(`confine.py`), in a cgroup of its own. It dies with the worker (PR_SET_PDEATHSIG), is
+stopped as a whole on timeout (SIGTERM, a grace period, SIGKILL), and whatever it leaves in
+its cgroup (or, without one, its group) when it exits is killed, so no grandchild outlives the
+job, not even one that called setsid().
 
 With a parked interpreter (`spare.Spare`) the job is handed to it instead of started cold.
 How a process is started (`LaunchSpec`, the spawn) is in `launch.py`.
@@ -24,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, killpg, spawn
+from app import sandbox
+from workers.launcher import confine
+from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, spawn
 from workers.launcher.runtime import RuntimeDirError
 from workers.launcher.spare import Spare
 
@@ -168,12 +172,18 @@ def run_job(
     """
     lim = limits or Limits()
     launch, missed = "cold", None
+    cgroup: sandbox.Cgroup | None = None
     try:
         if not ENTRY.match(job.entry):
             raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
         if spare is not None and (missed := spare.fits(job)) is not None:
             spare.close()
             spare = None
+        if job.cgroup is not None:
+            try:
+                cgroup = confine.open_cgroup(job.cgroup, required=job.sandboxed)
+            except sandbox.SandboxUnavailable as exc:
+                raise LaunchError(str(exc)) from exc
         env = job.env()
         job.spec_path.write_text(json.dumps(dict(job.spec)))
         with contextlib.suppress(FileNotFoundError):
@@ -184,17 +194,24 @@ def run_job(
             proc: subprocess.Popen[bytes] | None = None
             if spare is not None:
                 try:
-                    proc, launch = spare.hand_over(job), "spare"
+                    proc, launch = spare.hand_over(job, cgroup), "spare"
+                    # the job's, or the spare's own when the job has none
+                    cgroup = spare.cgroup or cgroup
                 except LaunchError as exc:  # it died just now: start cold instead
                     missed, started = str(exc), time.monotonic()
             if proc is None:
                 try:
                     proc = spawn(
-                        [str(job.python), "-m", job.entry], job.cwd, env, subprocess.DEVNULL
+                        [str(job.python), "-m", job.entry],
+                        job.cwd,
+                        env,
+                        subprocess.DEVNULL,
+                        policy=job.policy(),
+                        cgroup=cgroup,
                     )
                 except OSError as exc:
                     raise LaunchError(f"cannot start {job.python} -m {job.entry}: {exc}") from exc
-            outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn)
+            outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn, cgroup)
             outcome.launch, outcome.spare_missed = launch, missed
             return outcome
         finally:
@@ -204,6 +221,10 @@ def run_job(
     finally:
         if spare is not None and launch != "spare":
             spare.close()
+        if cgroup is not None:
+            # Whatever the job left, however it detached, goes with its cgroup.
+            with contextlib.suppress(sandbox.SandboxUnavailable):
+                cgroup.remove()
 
 
 def _supervise(
@@ -214,6 +235,7 @@ def _supervise(
     lim: Limits,
     on_event: EventCallback | None,
     on_spawn: SpawnCallback | None,
+    cgroup: sandbox.Cgroup | None = None,
 ) -> Outcome:
     pgid = proc.pid  # start_new_session: the child leads its own group
     sel = selectors.DefaultSelector()
@@ -245,7 +267,8 @@ def _supervise(
                 returncode = proc.poll()
                 if returncode is not None:
                     # the leader is gone: nothing else of the job may stay behind
-                    killpg(pgid, signal.SIGKILL)
+                    confine.signal_group(pgid, None, signal.SIGKILL)
+                    confine.signal_group(pgid, cgroup, signal.SIGKILL)
                     drain_until = now + lim.drain_s
                     if pidfd is not None:
                         sel.unregister(pidfd)
@@ -258,11 +281,11 @@ def _supervise(
                 ):
                     break
             elif kill_at is not None and now >= kill_at:
-                killpg(pgid, signal.SIGKILL)
+                confine.signal_group(pgid, cgroup, signal.SIGKILL)
                 kill_at = now + 3600  # sent; now wait for the exit
             elif kill_at is None and now >= deadline:
                 timed_out = True
-                killpg(pgid, signal.SIGTERM)
+                confine.signal_group(pgid, cgroup, signal.SIGTERM)
                 kill_at = now + lim.grace_s
             wake = [deadline if kill_at is None else kill_at]
             if drain_until is not None:
@@ -307,7 +330,8 @@ def _supervise(
                     sel.unregister(peer)
                     peer.close()
     except BaseException:
-        killpg(pgid, signal.SIGKILL)
+        confine.signal_group(pgid, None, signal.SIGKILL)
+        confine.signal_group(pgid, cgroup, signal.SIGKILL)
         proc.wait()
         raise
     finally:

@@ -4,6 +4,10 @@ A worker that runs jobs back to back can start the next job's interpreter ahead 
 venv's python, started with the job environment it will have, parked before any user code
 until it is handed a job. Handing over costs a pipe write instead of a process start (`site`,
 the venv's `.pth` files: 35-70 ms on a GPU worker, idle GPU time).
+
+Under the sandbox the spare's bubblewrap is set up for the job it was started for: it binds
+that job's clean export, so it serves that job only (any other starts cold). It waits in a
+cgroup of its own; at hand-over its processes move into the job's cgroup (`job-<id>`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from workers.launcher import runtime
+from app import sandbox
+from workers.launcher import confine, runtime
 from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, killpg, spawn
 from workers.launcher.runtime import RuntimeDir
 
@@ -92,8 +97,10 @@ class Spare:
 
     Create it from the thread that will run the job (PR_SET_PDEATHSIG follows the spawning
     thread). It holds its runtime dir, whose paths are in its environment: the job it runs
-    must use that runtime dir. `run_job(job, spare=...)` takes ownership; `close()` kills an
-    unused one (the caller releases the runtime dir).
+    must use that runtime dir. `sandboxed`, it runs in the sandbox its job will have, which
+    binds `workdir` (that job's export): a job elsewhere does not fit. `run_job(job,
+    spare=...)` takes ownership; `close()` kills an unused one (the caller releases the
+    runtime dir).
     """
 
     def __init__(
@@ -106,14 +113,22 @@ class Spare:
         extra_env: Mapping[str, str] | None = None,
         requirements_hash: str | None = None,
         preload: Sequence[str] = (),
+        sandboxed: bool = False,
+        network: bool = False,
+        workdir: Path | None = None,
     ) -> None:
         bad = [name for name in preload if not ENTRY.match(name)]
         if bad:
             raise LaunchError(f"preload {bad[0]!r} is not a dotted module name")
+        if sandboxed and workdir is None:
+            raise LaunchError("a sandboxed spare needs the workdir (export) of its job")
         self.venv = venv
         self.runtime = runtime
         self.preload = tuple(preload)
+        self.sandboxed, self.network = sandboxed, network
+        self.workdir = Path(os.path.abspath(workdir)) if workdir is not None else None
         self._stamp = _venv_stamp(venv)
+        self._handed = False
         template = LaunchSpec(
             venv=venv,
             entry="_",
@@ -127,6 +142,17 @@ class Spare:
         )
         self.env = template.env()
         python = template.python
+        policy = None
+        if sandboxed:
+            assert self.workdir is not None
+            policy = confine.policy(
+                cwd=self.workdir, venv=venv, env=self.env, network=network, runtime=runtime
+            )
+        try:
+            # Named for its runtime dir (unique on the host) until its job's is known.
+            self.cgroup = confine.open_cgroup(f"spare-{runtime.target.name}", required=sandboxed)
+        except sandbox.SandboxUnavailable as exc:
+            raise LaunchError(str(exc)) from exc
         self.started_at = time.monotonic()
         self._ready = False
         self._ready_fd, ready_w = os.pipe()
@@ -137,9 +163,12 @@ class Spare:
                 self.env,
                 subprocess.PIPE,
                 pass_fds=(ready_w,),
+                policy=policy,
+                cgroup=self.cgroup,
             )
         except OSError as exc:
             os.close(self._ready_fd)
+            self._remove_cgroup()
             raise LaunchError(f"cannot start a spare {python}: {exc}") from exc
         finally:
             os.close(ready_w)
@@ -172,6 +201,20 @@ class Spare:
                 return "the venv changed since the spare started"
         except OSError:
             return "the venv is gone"
+        if job.sandboxed != self.sandboxed:
+            return "the sandbox setting differs"
+        if self.sandboxed:
+            assert self.workdir is not None
+            if Path(os.path.abspath(job.cwd)) != self.workdir:
+                return "another export (the spare's sandbox binds the one of the job it was for)"
+            inside = self.workdir
+            outside = [
+                p for p in job.pythonpath if not Path(os.path.abspath(p)).is_relative_to(inside)
+            ]
+            if outside:
+                return f"the job's {outside[0]} is outside the spare's sandbox"
+            if job.network != self.network:
+                return "another network setting"
         wanted = job.env()
         for name in (set(wanted) | set(self.env)) - _HANDED_OVER:
             if wanted.get(name) != self.env.get(name):
@@ -182,7 +225,18 @@ class Spare:
                     return f"the job's {entry} has its own {top!r}, which the spare preloaded"
         return self.wait_ready(SPARE_READY_TIMEOUT_S)
 
-    def hand_over(self, job: LaunchSpec) -> subprocess.Popen[bytes]:
+    def hand_over(
+        self, job: LaunchSpec, cgroup: sandbox.Cgroup | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Give the spare `job`; with `cgroup` (the job's), its processes move there first, so
+        that whatever the job starts is in it. `self.cgroup` is then the job's cgroup."""
+        if cgroup is not None and self.cgroup is not None and cgroup.path != self.cgroup.path:
+            try:
+                confine.move(self.cgroup, cgroup)
+            except OSError as exc:
+                self.close()
+                raise LaunchError(f"cannot move the spare into {cgroup.path}: {exc}") from exc
+            self.cgroup = cgroup
         wanted = job.env()
         go = {
             "entry": job.entry,
@@ -196,15 +250,20 @@ class Spare:
             self.proc.stdin.write(json.dumps(go).encode() + b"\n")
             self.proc.stdin.close()
         except OSError as exc:
+            if cgroup is not None and self.cgroup is cgroup:
+                self.cgroup = None  # the job's own: the cold start goes there
             self.close()
             raise LaunchError(f"cannot hand the job to the spare interpreter: {exc}") from exc
+        self._handed = True
         return self.proc
 
     def close(self) -> None:
-        """Kill the spare's group if it never got a job (idempotent)."""
+        """Kill the spare's group (and cgroup) if it never got a job (idempotent)."""
         if self.proc.returncode is None and self.proc.poll() is None:
             killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        if not self._handed:
+            self._remove_cgroup()
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError):
@@ -213,6 +272,12 @@ class Spare:
             with contextlib.suppress(OSError):
                 os.close(self._ready_fd)
             self._ready_fd = -1
+
+    def _remove_cgroup(self) -> None:
+        cgroup, self.cgroup = self.cgroup, None
+        if cgroup is not None:
+            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+                cgroup.remove()
 
 
 class SpareSlot:
@@ -228,9 +293,17 @@ class SpareSlot:
     def __init__(self) -> None:
         self.spare: Spare | None = None
 
-    def take(self, *, venv: str, suffix_len: int, preload: tuple[str, ...]) -> Spare | None:
-        """The spare if it can serve a job of this venv, socket budget and preload, else None
-        (closed)."""
+    def take(
+        self,
+        *,
+        venv: str,
+        suffix_len: int,
+        preload: tuple[str, ...],
+        workdir: str | None = None,
+        network: bool = False,
+    ) -> Spare | None:
+        """The spare if it can serve a job of this venv, socket budget and preload (and, when
+        sandboxed, of this workdir and network setting), else None (closed)."""
         spare, self.spare = self.spare, None
         if spare is None:
             return None
@@ -241,6 +314,14 @@ class SpareSlot:
             os.path.abspath(spare.venv) == os.path.abspath(venv)
             and spare.runtime.suffix_len >= suffix_len
             and spare.preload == preload
+            and (
+                not spare.sandboxed
+                or (
+                    workdir is not None
+                    and spare.workdir == Path(os.path.abspath(workdir))
+                    and spare.network == network
+                )
+            )
         ):
             return spare
         self._discard(spare)
@@ -255,6 +336,9 @@ class SpareSlot:
         requirements_hash: str | None,
         preload: tuple[str, ...],
         cuda_visible_devices: str | None,
+        sandboxed: bool = False,
+        network: bool = False,
+        workdir: str | None = None,
     ) -> None:
         if self.spare is not None:
             return
@@ -270,6 +354,9 @@ class SpareSlot:
                 base_env=dict(os.environ),
                 requirements_hash=requirements_hash,
                 preload=preload,
+                sandboxed=sandboxed,
+                network=network,
+                workdir=Path(workdir) if workdir is not None else None,
             )
         except Exception:  # an optimisation only: the next job starts cold
             log.warning("could not park an interpreter for the next job", exc_info=True)

@@ -47,12 +47,32 @@ with open(os.environ["AUTOPILOT_RESULT"], "w") as f:
 """
 
 
+@pytest.fixture(params=[False, True], ids=["unconfined", "sandboxed"])
+def make_job(request: pytest.FixtureRequest, make_job: MakeJob) -> MakeJob:
+    """Every spare test runs unconfined and under the sandbox (in a cgroup of its own)."""
+    if request.param:
+        from app import sandbox
+
+        if why := sandbox.check():
+            pytest.skip(f"no sandbox here: {why}")
+
+    def make(body: str, **kw: Any) -> LaunchSpec:
+        kw.setdefault("sandboxed", request.param)
+        kw.setdefault("cgroup", f"test-spare-{os.getpid()}")
+        return make_job(body, **kw)
+
+    return make
+
+
 def spare_for(job: LaunchSpec, **kw: Any) -> Spare:
     return Spare(
         venv=job.venv,
         runtime=job.runtime,
         cuda_visible_devices=job.cuda_visible_devices,
         base_env=job.base_env,
+        sandboxed=job.sandboxed,
+        network=job.network,
+        workdir=job.cwd,
         **kw,
     )
 
@@ -76,7 +96,9 @@ def test_a_job_in_a_spare_sees_what_a_cold_start_sees(make_job: MakeJob) -> None
     assert a["name"] == "__main__" and a["argv"] == [a["file"]]
     assert a["path0"] == str(job.cwd)  # PYTHONPATH's entry first, no script dir
     assert b["main_globals"] == a["main_globals"]  # nothing of the parking code is left
-    assert b["pgid_is_pid"] and b["safe_path"]
+    assert b["safe_path"] and b["pgid_is_pid"] == a["pgid_is_pid"]
+    # Unconfined it leads its own group; in the sandbox, bwrap's init leads the session.
+    assert b["pgid_is_pid"] is not job.sandboxed
 
 
 def test_a_job_that_does_not_fit_starts_cold_and_the_spare_is_killed(
@@ -117,12 +139,14 @@ def test_another_venv_starts_cold(
 
 
 def test_a_spare_job_is_killed_on_timeout_and_leaves_nothing(make_job: MakeJob) -> None:
+    token = f"ap-grandchild-{os.getpid()}-{time.monotonic_ns()}"
     job = make_job(
-        """
+        f"""
 import os, signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 child = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)",
+    "{token}"])
 open(os.path.join(os.environ["TMPDIR"], "child.pid"), "w").write(str(child.pid))
 time.sleep(60)
 """
@@ -130,14 +154,29 @@ time.sleep(60)
     outcome = run_job(job, spare=spare_for(job), limits=Limits(timeout_s=1.0, grace_s=0.3))
     assert outcome.launch == "spare"
     assert outcome.timed_out and outcome.signal == "SIGKILL"
-    child = int((job.runtime.path / "child.pid").read_text())
+    assert (job.runtime.path / "child.pid").exists()  # it was started
+    # Found by its argv: inside a sandbox its pid is one of the sandbox's own namespace.
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{child}").exists():
-        with open(f"/proc/{child}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                break
+    while living_with(token):
         assert time.monotonic() < deadline, "the grandchild outlived the job"
         time.sleep(0.01)
+
+
+def living_with(token: str) -> list[int]:
+    """Pids of the living processes (not zombies) whose argv holds `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if token.encode() not in (entry / "cmdline").read_bytes():
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+        except OSError:
+            continue
+        found.append(int(entry.name))
+    return found
 
 
 def test_a_missing_entry_fails_as_it_would_cold(make_job: MakeJob) -> None:

@@ -1,0 +1,124 @@
+"""The experiment's sandbox and cgroup: what a job's bubblewrap shows it, and how its processes
+are signalled and killed as a whole (DESIGN.md, "Hosts and boundaries").
+
+A job sees its clean export (its cwd, writable: scripts write beside themselves, and the export
+is a per-job throwaway copy that nothing reads back), its runtime dir, its venv and what the venv
+reaches (read-only), the GPU's device nodes, and nothing else of the host: not the state dir,
+not other jobs' dirs, not the service's home or checkout, no network unless its experiment asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from app import sandbox
+from workers.launcher.runtime import RuntimeDir
+from workers.launcher.venv import inherited_site_dirs
+
+#: The GPU's device nodes (NVIDIA's and the DRM render nodes), bound when present.
+GPU_DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
+#: The cgroup of a job's processes on its host: named for the job, so that the next worker of
+#: the host finds what a dead worker's job left behind (`Cgroup.create` kills it).
+JOB_CGROUP = "job-{}"
+
+
+def gpu_devices() -> list[Path]:
+    found = {Path(p) for pattern in GPU_DEVICE_PATTERNS for p in glob.glob(pattern)}
+    return sorted(found)
+
+
+def job_cgroup_name(job_id: int) -> str:
+    return JOB_CGROUP.format(job_id)
+
+
+def policy(
+    *,
+    cwd: Path,
+    venv: Path,
+    env: Mapping[str, str],
+    network: bool,
+    runtime: RuntimeDir | None = None,
+    pythonpath: Sequence[Path] = (),
+    writable: Sequence[Path] = (),
+) -> sandbox.Policy:
+    """The sandbox of one experiment process (or of its preflight guard, without a runtime)."""
+    root = Path(os.path.abspath(cwd))
+    venv_abs = Path(os.path.abspath(venv))
+    # The venv and what it reaches: the base install is in system_read_only (sys.base_prefix);
+    # a venv with system site packages over the service's venv reads that venv's packages.
+    read_only = [venv_abs, *(Path(p) for p in inherited_site_dirs(venv_abs))]
+    read_only += [
+        p for p in (Path(os.path.abspath(e)) for e in pythonpath) if not p.is_relative_to(root)
+    ]
+    rw = [root, *writable]
+    links: list[tuple[str, Path]] = []
+    home: Path | None = None
+    if runtime is not None:
+        rw.append(runtime.target)
+        if runtime.path != runtime.target:
+            # The short alias lives in /tmp, a tmpfs of the sandbox's own: made again inside.
+            links.append((str(runtime.target), runtime.path))
+        home = runtime.path  # caches a library keeps under ~ stay with the job's runtime dir
+    return sandbox.Policy(
+        cwd=root,
+        env=dict(env),
+        read_only=read_only,
+        writable=rw,
+        devices=gpu_devices(),
+        network=network,
+        symlinks=links,
+        home=home,
+    )
+
+
+def open_cgroup(name: str, *, required: bool) -> sandbox.Cgroup | None:
+    """The run's cgroup (leftovers of an earlier run under that name are killed first); None
+    when this host has no writable cgroup v2 and `required` is False (its process group is then
+    all that is killed)."""
+    try:
+        return sandbox.Cgroup.create(name)
+    except sandbox.SandboxUnavailable:
+        if required:
+            raise
+        return None
+
+
+def move(processes: sandbox.Cgroup, into: sandbox.Cgroup) -> None:
+    """Move every process of `processes` (a parked interpreter's, which starts nothing while
+    parked) into `into`, then remove the emptied cgroup."""
+    procs = into.path / "cgroup.procs"
+    for pid in processes.pids():
+        with contextlib.suppress(ProcessLookupError):
+            procs.write_text(str(pid))
+    with contextlib.suppress(OSError):
+        processes.path.rmdir()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def signal_group(pgid: int, cgroup: sandbox.Cgroup | None, sig: signal.Signals) -> None:
+    """Send `sig` to the whole job: every process of its cgroup, however it detached, else its
+    process group. SIGTERM skips bubblewrap's own processes: bwrap does not forward it, it would
+    die of it and take the job down with SIGKILL before its grace period."""
+    if cgroup is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        return
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(sandbox.SandboxUnavailable):
+            cgroup.kill()
+        return
+    for pid in cgroup.pids():
+        if _comm(pid) != "bwrap":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
