@@ -32,7 +32,7 @@ from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
 from workers import control_client, prepare
-from workers.launcher import runner, runtime
+from workers.launcher import confine, runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import SpareSlot
 
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CLEANUP_BATCH = 8
+#: The first line of every job's log on a host whose sandbox is off.
+UNCONFINED_LOG_LINE = "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"
 
 
 def _last_line(text: str) -> str:
@@ -223,11 +225,14 @@ class RunLoop:
                 error=redact_text(f"cannot read its launch settings in {ticket.workdir}: {exc}"),
                 log_path=str(log_path),
             )
+        sandboxed = self.settings.sandbox == "on"
         spare = (
             self.spares.take(
                 venv=ticket.venv,
                 suffix_len=launch_settings.socket_suffix_len,
                 preload=launch_settings.preload,
+                workdir=ticket.workdir,
+                network=launch_settings.network,
             )
             if self.spares is not None
             else None
@@ -250,12 +255,18 @@ class RunLoop:
             pythonpath=[Path(ticket.workdir)],
             base_env=dict(os.environ),
             requirements_hash=launch_settings.requirements_hash,
+            sandboxed=sandboxed,
+            network=launch_settings.network,
+            cgroup=confine.job_cgroup_name(ticket.job_id),
         )
         beat = Heartbeat(self, ticket.job_id)
         outcome: runner.Outcome | None = None
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log_file:
+                if not sandboxed:
+                    log_file.write(UNCONFINED_LOG_LINE + "\n")
+                    log_file.flush()
                 on_event = self._event_handler(ticket, launch_settings, log_file, beat)
                 try:
                     beat.start()
@@ -320,14 +331,20 @@ class RunLoop:
                     # The job's own start is behind it: park the next job's interpreter now,
                     # for the job first in line (its venv), else for one like this one.
                     after, hint = self._next_in_line(ticket, launch)
-                    self.spares.prestart(
-                        state_dir=self.settings.state_dir.absolute(),
-                        venv=after.venv,
-                        suffix_len=hint.socket_suffix_len,
-                        requirements_hash=hint.requirements_hash,
-                        preload=hint.preload,
-                        cuda_visible_devices=self.me.device or None,
-                    )
+                    sandboxed = self.settings.sandbox == "on"
+                    # A sandboxed spare binds its job's export: none is known, none is parked.
+                    if not sandboxed or after.job_id != ticket.job_id:
+                        self.spares.prestart(
+                            state_dir=self.settings.state_dir.absolute(),
+                            venv=after.venv,
+                            suffix_len=hint.socket_suffix_len,
+                            requirements_hash=hint.requirements_hash,
+                            preload=hint.preload,
+                            cuda_visible_devices=self.me.device or None,
+                            sandboxed=sandboxed,
+                            network=hint.network,
+                            workdir=after.workdir,
+                        )
             if kind in ("log", "progress"):
                 log_file.write(f"[{kind}] {event.get('message') or event}\n")
                 log_file.flush()
@@ -345,6 +362,9 @@ class RunLoop:
         if outcome is None:
             return jobs.JobOutcome(state="failed", error=error, log_path=str(log_path))
         result = outcome.result if isinstance(outcome.result, dict) else None
+        if result is not None:
+            # The worker's record, not the child's: whatever the job wrote under this key.
+            result = {**result, "sandbox": self.settings.sandbox}
         state, message = "succeeded", None
         if cancelled:
             state, message = "cancelled", "cancelled while running; its process group was killed"

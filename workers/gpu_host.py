@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource, SettingsError
 from sqlalchemy.engine import make_url
 
-from app import migrate
+from app import migrate, sandbox
 from app.logs import RedactSecrets, secret_values
 from app.settings import (
     ENV_PREFIX,
@@ -93,6 +93,7 @@ def run_checks(kind: str | None = None) -> list[Check]:
     checks.append(check_git())
     if state_dir.ok:  # runtime dirs may fall back to it
         checks.append(check_runtime(settings))
+    checks.append(check_sandbox(settings))
     if kind is not None:
         checks.append(check_kind(settings, kind))
     mask: Callable[[str], str] = RedactSecrets(secret_values(settings)).redact
@@ -398,6 +399,26 @@ def check_runtime(settings: Settings) -> Check:
         True,
         f"jobs get their runtime dirs under {root} (a socket bind there works; details: "
         "`autopilot doctor runtime`)",
+    )
+
+
+def check_sandbox(settings: Settings) -> Check:
+    """Whether experiments run confined here (a GPU worker refuses to start when they cannot)."""
+    if settings.sandbox == "off":
+        return Check(
+            "sandbox",
+            True,
+            "off (AUTOPILOT_SANDBOX=off): experiments run unconfined, and every job records it",
+        )
+    if missing := sandbox.check():
+        return Check(
+            "sandbox",
+            False,
+            f"{missing}; a GPU worker will not start (AUTOPILOT_SANDBOX=off runs experiments "
+            "unconfined)",
+        )
+    return Check(
+        "sandbox", True, "bubblewrap and cgroup v2 work: experiments run confined, one cgroup each"
     )
 
 

@@ -1,8 +1,8 @@
 """A GPU host's preparation of a job, off the demand path (DESIGN.md, lesson 3): the job's
 commit fetched from the forge into this host's mirror cache and exported clean, the project venv
-and the preflight guard, all before the job may take a GPU, and all on the host that will run
-it (nothing is read from the control host's disk). A GPU worker prepares ahead while its GPU
-runs the previous job (`prepare_ahead`), or right away when it is idle.
+and the preflight guard (in the job's sandbox), all before the job may take a GPU, and all on
+the host that will run it (nothing is read from the control host's disk). A GPU worker prepares
+ahead while its GPU runs the previous job (`prepare_ahead`), or right away when it is idle.
 
 What the runner needs beyond the job's row (entry, socket budget, preload, requirements hash)
 is derived from the project config in the job's source (`launch_settings`), the same config the
@@ -28,7 +28,7 @@ from app.jobs import paths, preparation
 from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings, redact_text
-from workers.launcher import guard, runtime, venv
+from workers.launcher import confine, guard, runtime, venv
 from workers.launcher.launch import LaunchSpec
 from workers.reaper import ring_cycle
 
@@ -49,6 +49,7 @@ class LaunchSettings:
     socket_suffix_len: int
     requirements_hash: str
     preload: tuple[str, ...]
+    network: bool = False  # the experiment's sandbox keeps the host's network
 
 
 def requirements(cfg: project_config.ProjectConfig) -> list[str]:
@@ -63,6 +64,7 @@ def launch_settings(cfg: project_config.ProjectConfig, experiment: str) -> Launc
         socket_suffix_len=declared.socket_suffix_len,
         requirements_hash=venv.requirements_hash(requirements(cfg)),
         preload=tuple(str(m) for m in cfg.project.preload),
+        network=declared.network,
     )
 
 
@@ -129,15 +131,23 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         cfg = project_config.load(tree)
         experiment = cfg.experiment(source.experiment)
         env = venv_for_job(settings, source.project, requirements(cfg))
+        job_env = guard_env(settings, env, tree)
         report = guard.run_guard(
             env.path,
-            env=guard_env(settings, env, tree),
+            env=job_env,
             cwd=tree,
             entry=experiment.entry,
             modules=[*experiment.imports, *cfg.project.preload],
             worktree=tree,
             requirements_hash=env.requirements_hash,
             cache_dir=settings.state_dir.absolute() / "guard-cache",
+            # The guard imports the project's modules: their code runs as the job's would.
+            policy=confine.policy(
+                cwd=tree, venv=env.path, env=job_env, network=experiment.network, pythonpath=[tree]
+            )
+            if settings.sandbox == "on"
+            else None,
+            cgroup=f"guard-{job_id}",
         )
         if not report.ok:
             raise PreparationError(report.render())

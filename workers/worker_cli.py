@@ -31,6 +31,17 @@ def worker_gpu(
     if not _DEVICE.match(device):
         typer.echo(f"error: --device {device!r} must be a GPU index like 0 or 0,1", err=True)
         raise typer.Exit(2)
+    if settings.sandbox == "on":
+        from app import sandbox
+
+        if missing := sandbox.check():
+            typer.echo(
+                f"error: experiments cannot run sandboxed on this host: {missing}; "
+                "AUTOPILOT_SANDBOX=off runs them unconfined (only on a host whose every user "
+                "you trust)",
+                err=True,
+            )
+            raise typer.Exit(2)
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if kind == "cpu" else device
 
     from app.db import Stores

@@ -125,7 +125,9 @@ def test_redis_restart_mid_cycle_completes(
             wait_for(lambda: finished(stores, job_id), timeout=60)
             # Hold the outage until the GPU worker has given up ringing that doorbell, so the
             # lost-doorbell path is what this test exercises, not a lucky retry.
-            wait_for(lambda: "advance doorbell not sent" in workers.logs(), timeout=60, interval=0.2)
+            wait_for(
+                lambda: "advance doorbell not sent" in workers.logs(), timeout=60, interval=0.2
+            )
         finally:
             start_redis()  # always: the machine's Redis must be left running
         down_s = time.monotonic() - outage_began

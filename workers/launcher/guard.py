@@ -7,6 +7,7 @@ before the GPU lease and a passing result is cached, so a warm launch pays nothi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import sandbox
 from workers.launcher import venv as venv_mod
 from workers.launcher.venv import COMPLETE_MARKER, VenvError, interpreter_path
 
@@ -114,6 +116,7 @@ def fingerprint(
     cwd: Path,
     modules: Sequence[str],
     requirements_hash: str | None,
+    sandboxed: bool = False,
 ) -> str:
     """What a passing result depends on: the venv's identity, the job's env, cwd and modules."""
     root = Path(os.path.abspath(venv))
@@ -127,6 +130,7 @@ def fingerprint(
         "env": sorted((k, v) for k, v in env.items() if k not in _VOLATILE),
         "cwd": os.path.abspath(cwd),
         "modules": list(modules),
+        "sandboxed": sandboxed,  # a pass unconfined says nothing of one in the sandbox
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -150,6 +154,8 @@ def run_guard(
     requirements_hash: str | None = None,
     cache_dir: Path | None = None,
     timeout_s: float = 120.0,
+    policy: sandbox.Policy | None = None,
+    cgroup: str = "guard",
 ) -> GuardReport:
     """Check that `python` (default: the venv's non-resolved interpreter) is the venv.
 
@@ -158,7 +164,9 @@ def run_guard(
     running its top level; `modules` (its declared imports) are imported. Each must come
     from inside the venv, the base install's stdlib (or its site-packages when the venv
     includes system site packages), or the worktree. With `cache_dir`, a pass is
-    stored by fingerprint and a second call with the same inputs runs no interpreter.
+    stored by fingerprint and a second call with the same inputs runs no interpreter. With
+    `policy` (the job's sandbox), the probe runs in it, in the cgroup `cgroup`: importing the
+    declared modules runs the project's code.
     """
     venv_abs = Path(os.path.abspath(venv))
     report = GuardReport(False, str(venv_abs), str(python or ""), os.path.abspath(cwd))
@@ -180,6 +188,7 @@ def run_guard(
         cwd=cwd,
         modules=[f"entry:{entry}", *modules] if entry else modules,
         requirements_hash=requirements_hash,
+        sandboxed=policy is not None,
     )
     report.fingerprint = fp
     if cache_dir is not None:
@@ -187,7 +196,7 @@ def run_guard(
         if cached is not None:
             return cached
     wanted = {"find": [entry] if entry else [], "import": [m for m in modules if m != entry]}
-    _probe(report, venv_abs, python, env, cwd, wanted, worktree, timeout_s)
+    _probe(report, venv_abs, python, env, cwd, wanted, worktree, timeout_s, policy, cgroup)
     report.ok = bool(report.checks) and all(c.ok for c in report.checks)
     if report.ok and cache_dir is not None:
         _store(cache_dir, fp, report)
@@ -203,20 +212,27 @@ def _probe(
     wanted: dict[str, list[str]],
     worktree: Path | None,
     timeout_s: float,
+    policy: sandbox.Policy | None = None,
+    cgroup: str = "guard",
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="ap-guard-") as tmp:
         out_file = os.path.join(tmp, "probe.json")
+        argv = [str(python), "-c", _PROBE, out_file, json.dumps(wanted)]
         try:
-            proc = subprocess.run(  # noqa: S603 - fixed argv, no shell
-                [str(python), "-c", _PROBE, out_file, json.dumps(wanted)],
-                env=dict(env),
-                cwd=cwd,
-                capture_output=True,
-                timeout=timeout_s,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
+            if policy is not None:
+                returncode, stderr = _run_sandboxed(argv, policy, Path(tmp), cgroup, timeout_s)
+            else:
+                proc = subprocess.run(  # noqa: S603 - fixed argv, no shell
+                    argv,
+                    env=dict(env),
+                    cwd=cwd,
+                    capture_output=True,
+                    timeout=timeout_s,
+                    stdin=subprocess.DEVNULL,
+                    check=False,
+                )
+                returncode, stderr = proc.returncode, proc.stderr.decode(errors="replace")
+        except (subprocess.TimeoutExpired, sandbox.SandboxTimeout):
             report.checks.append(
                 Check(
                     "interpreter",
@@ -240,12 +256,12 @@ def _probe(
             with open(out_file) as f:
                 found: dict[str, Any] = json.load(f)
         except (OSError, ValueError):
-            err = proc.stderr.decode(errors="replace").strip()[-2000:]
+            err = stderr.strip()[-2000:]
             report.checks.append(
                 Check(
                     "interpreter",
                     False,
-                    f"{python} exited {proc.returncode} without reporting: {err or 'no output'}",
+                    f"{python} exited {returncode} without reporting: {err or 'no output'}",
                     "the venv's interpreter is broken: delete the venv and build it again",
                 )
             )
@@ -253,6 +269,16 @@ def _probe(
     report.checks.append(Check("interpreter", True, f"{found['executable']} runs"))
     _check_prefix(report, venv, found)
     _check_modules(report, venv, found, wanted["find"] + wanted["import"], worktree)
+
+
+def _run_sandboxed(
+    argv: list[str], policy: sandbox.Policy, tmp: Path, cgroup: str, timeout_s: float
+) -> tuple[int, str]:
+    """The probe in the job's sandbox, which may write only its own findings file besides."""
+    log = tmp / "probe.log"
+    confined = dataclasses.replace(policy, writable=[*policy.writable, tmp])
+    code = sandbox.run(argv, confined, name=cgroup, timeout_s=timeout_s, log_path=log)
+    return code, log.read_text(errors="replace") if log.exists() else ""
 
 
 def _check_prefix(report: GuardReport, venv: Path, found: Mapping[str, Any]) -> None:

@@ -29,5 +29,3 @@ def tokens(stores: Stores) -> dict[str, str]:
         made["revoked"] = ops.create_token(session, "t-revoked", ["admin"])[1]
         ops.revoke_token(session, "t-revoked")
     return made
-
-

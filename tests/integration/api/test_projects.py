@@ -19,14 +19,19 @@ def test_project_lifecycle(client: TestClient, tokens: dict[str, str]) -> None:
     got = client.get("/api/v1/projects/spectral-operator-compiler", headers=admin)
     assert got.json()["repo_url"] == "/srv/repos/soc"
 
-    assert client.delete("/api/v1/projects/spectral-operator-compiler", headers=admin).status_code == 204
+    assert (
+        client.delete("/api/v1/projects/spectral-operator-compiler", headers=admin).status_code
+        == 204
+    )
     missing = client.get("/api/v1/projects/spectral-operator-compiler", headers=admin)
     assert missing.status_code == 404
     assert missing.headers["content-type"] == "application/problem+json"
     assert missing.json()["type"].endswith("/project-not-found")
 
 
-def test_duplicate_project_is_409_and_keeps_the_first(client: TestClient, tokens: dict[str, str]) -> None:
+def test_duplicate_project_is_409_and_keeps_the_first(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
     admin = bearer(tokens["admin"])
     client.post("/api/v1/projects", json={"name": "lora", "repo_url": "/a"}, headers=admin)
     again = client.post("/api/v1/projects", json={"name": "lora", "repo_url": "/b"}, headers=admin)
@@ -36,7 +41,9 @@ def test_duplicate_project_is_409_and_keeps_the_first(client: TestClient, tokens
     assert client.get("/api/v1/projects/lora", headers=admin).json()["repo_url"] == "/a"
 
 
-def test_bad_names_and_urls_are_422_naming_the_field(client: TestClient, tokens: dict[str, str]) -> None:
+def test_bad_names_and_urls_are_422_naming_the_field(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
     admin = bearer(tokens["admin"])
     for body, field in [
         ({"name": "Not A Slug", "repo_url": "/a"}, "name"),

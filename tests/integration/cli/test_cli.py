@@ -12,13 +12,20 @@ from pathlib import Path
 import pytest
 
 
-def autopilot(state: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def autopilot(
+    state: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
     full_env["AUTOPILOT_STATE_DIR"] = str(state)
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "workers.cli", *args],
-        capture_output=True, text=True, env=full_env, cwd=state.parent, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=state.parent,
+        timeout=120,
+        check=False,
     )
 
 
@@ -57,13 +64,21 @@ def test_token_lifecycle_stores_only_the_hash(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("token", "create", "--name", "bob", "--scope", "superuser"), "scope superuser is not valid"),
+        (
+            ("token", "create", "--name", "bob", "--scope", "superuser"),
+            "scope superuser is not valid",
+        ),
         (("token", "create", "--name", "Bad Name", "--scope", "admin"), "is not a slug"),
-        (("project", "create", "--name", "UPPER", "--repo-url", "/r"), "name: name 'UPPER' is not a slug"),
+        (
+            ("project", "create", "--name", "UPPER", "--repo-url", "/r"),
+            "name: name 'UPPER' is not a slug",
+        ),
         (("project", "create", "--name", "p", "--repo-url", "ext::sh"), "repo_url"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+def test_bad_input_exits_2_with_one_line(
+    tmp_path: Path, args: tuple[str, ...], needle: str
+) -> None:
     state = tmp_path / "state"
     assert autopilot(state, "db", "upgrade").returncode == 0
     result = autopilot(state, *args)
@@ -80,8 +95,14 @@ def test_unknown_setting_value_exits_2(tmp_path: Path) -> None:
 
 def test_config_show_redacts(tmp_path: Path) -> None:
     result = autopilot(
-        tmp_path / "state", "config", "show", "--json",
-        env={"AUTOPILOT_GITHUB_TOKEN": "ghp_leakme", "AUTOPILOT_OPS_URL": "postgresql+psycopg://u:pw-leak@h/db"},
+        tmp_path / "state",
+        "config",
+        "show",
+        "--json",
+        env={
+            "AUTOPILOT_GITHUB_TOKEN": "ghp_leakme",
+            "AUTOPILOT_OPS_URL": "postgresql+psycopg://u:pw-leak@h/db",
+        },
     )
     assert result.returncode == 0, result.stderr
     assert "ghp_leakme" not in result.stdout and "pw-leak" not in result.stdout

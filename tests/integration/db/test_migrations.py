@@ -38,10 +38,14 @@ def test_upgrade_downgrade_upgrade(settings: Settings) -> None:
 
 
 def test_models_match_migrations(stores: Stores) -> None:
-    for engine, metadata in ((stores.memory_engine, MemoryBase.metadata),
-                             (stores.ops_engine, OpsBase.metadata)):
+    for engine, metadata in (
+        (stores.memory_engine, MemoryBase.metadata),
+        (stores.ops_engine, OpsBase.metadata),
+    ):
         with engine.connect() as connection:
-            context = MigrationContext.configure(connection, opts={"compare_type": True, "include_object": include_object})
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "include_object": include_object}
+            )
             diff = compare_metadata(context, metadata)
         assert diff == [], diff
 

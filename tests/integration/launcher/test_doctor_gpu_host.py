@@ -101,15 +101,16 @@ def test_a_worker_token_passes_every_check(host: Host, api: str) -> None:
     names = [name for _, name, _ in checks(output)]
     assert names == [
         "settings", "no-secrets", "state-dir", "broker", "ops-db", "control-url",
-        "control-token", "git", "runtime-dir", "gpu-kind",
+        "control-token", "git", "runtime-dir", "sandbox", "gpu-kind",
     ]  # fmt: skip
     assert failing(output) == {}
-    assert output.rstrip().endswith("10 checks, all passed")
+    assert output.rstrip().endswith("11 checks, all passed")
     detail = {name: d for _, name, d in checks(output)}
     assert detail["control-token"].startswith("accepted with scope worker")
     assert detail["control-url"] == f"{api}/healthz answers 200"
     assert "schema at 20" in detail["ops-db"]
     assert detail["git"].startswith("git version ")
+    assert detail["sandbox"].startswith("bubblewrap and cgroup v2 work")
     assert host.tokens["worker"] not in output
 
     code, output = host.doctor("--json")
@@ -246,3 +247,9 @@ def test_an_unknown_gpu_kind_fails(host: Host, api: str) -> None:
     code, output = host.doctor("--kind", "tpu")
     assert code == 1
     assert failing(output)["gpu-kind"].startswith("'tpu' is not a configured GPU kind")
+
+
+def test_the_sandbox_line_says_when_experiments_run_unconfined(host: Host) -> None:
+    code, output = host.doctor(AUTOPILOT_SANDBOX="off")
+    detail = {name: d for _, name, d in checks(output)}
+    assert detail["sandbox"].startswith("off (AUTOPILOT_SANDBOX=off): experiments run unconfined")

@@ -106,7 +106,9 @@ def client(settings: Settings, stores: Stores) -> Iterator[TestClient]:
 def tokens(stores: Stores) -> dict[str, str]:
     """A live token per scope."""
     with stores.ops_session() as session:
-        return {s: ops.create_token(session, f"t-{s}", [s])[1] for s in ("trigger", "review", "admin")}
+        return {
+            s: ops.create_token(session, f"t-{s}", [s])[1] for s in ("trigger", "review", "admin")
+        }
 
 
 @pytest.fixture

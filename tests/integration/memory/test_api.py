@@ -29,8 +29,13 @@ def assert_problem(response, status: int, *needles: str) -> dict:  # type: ignor
 
 
 def test_record_validate_refute_supersede(client: TestClient, tokens: dict[str, str]) -> None:
-    body = {"kind": "bound", "project": "kernel-lab", "statement": "Stages ≤ 3 on h100.  ",
-            "device_kind": "h100", "evidence": {"cycle_id": "7", "commit": "abc"}}
+    body = {
+        "kind": "bound",
+        "project": "kernel-lab",
+        "statement": "Stages ≤ 3 on h100.  ",
+        "device_kind": "h100",
+        "evidence": {"cycle_id": "7", "commit": "abc"},
+    }
     created = client.post(f"{API}/findings", json=body, headers=bearer(tokens["trigger"]))
     assert created.status_code == 201, created.text
     finding = created.json()
@@ -42,7 +47,9 @@ def test_record_validate_refute_supersede(client: TestClient, tokens: dict[str, 
     assert assert_problem(again, 409, fid)["finding_id"] == fid
 
     review = bearer(tokens["review"])
-    ok = client.post(f"{API}/findings/{fid}/validate", json={"reason": "seen twice"}, headers=review)
+    ok = client.post(
+        f"{API}/findings/{fid}/validate", json={"reason": "seen twice"}, headers=review
+    )
     assert (ok.status_code, ok.json()["validated_by"]) == (200, "t-review")
     refuse = client.post(f"{API}/findings/{fid}/refute", json={"reason": "no"}, headers=review)
     problem = assert_problem(refuse, 422, "validated", "superseded")
@@ -50,8 +57,10 @@ def test_record_validate_refute_supersede(client: TestClient, tokens: dict[str, 
 
     replaced = client.post(
         f"{API}/findings/{fid}/supersede",
-        json={"finding": {"kind": "bound", "project": "kernel-lab", "statement": "Stages ≤ 4."},
-              "reason": "new driver"},
+        json={
+            "finding": {"kind": "bound", "project": "kernel-lab", "statement": "Stages ≤ 4."},
+            "reason": "new driver",
+        },
         headers=review,
     )
     assert replaced.status_code == 201, replaced.text
@@ -61,37 +70,57 @@ def test_record_validate_refute_supersede(client: TestClient, tokens: dict[str, 
     assert shown["status"] == "superseded"
     assert shown["superseded_by"] == [replaced.json()["id"]]
     assert [(e["to_status"], e["actor"]) for e in shown["events"]] == [
-        ("proposed", "t-trigger"), ("validated", "t-review"), ("superseded", "t-review")]
+        ("proposed", "t-trigger"),
+        ("validated", "t-review"),
+        ("superseded", "t-review"),
+    ]
 
 
-def test_refute_needs_a_reason_and_unknown_ids_are_404(client: TestClient, tokens: dict[str, str]) -> None:
-    made = client.post(f"{API}/findings", json={"kind": "lesson", "statement": "x"},
-                       headers=bearer(tokens["trigger"])).json()
+def test_refute_needs_a_reason_and_unknown_ids_are_404(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    made = client.post(
+        f"{API}/findings",
+        json={"kind": "lesson", "statement": "x"},
+        headers=bearer(tokens["trigger"]),
+    ).json()
     review = bearer(tokens["review"])
-    problem = assert_problem(client.post(f"{API}/findings/{made['id']}/refute", json={}, headers=review), 422)
+    problem = assert_problem(
+        client.post(f"{API}/findings/{made['id']}/refute", json={}, headers=review), 422
+    )
     assert problem["errors"][0]["field"] == "reason"
     blank = client.post(f"{API}/findings/{made['id']}/refute", json={"reason": " "}, headers=review)
     assert_problem(blank, 422, "reason")
     missing = client.get(f"{API}/findings/nope", headers=review)
     assert assert_problem(missing, 404, "nope")["type"].endswith("/finding-not-found")
-    bad = client.post(f"{API}/findings", json={"kind": "rumour", "statement": "x"},
-                      headers=bearer(tokens["trigger"]))
+    bad = client.post(
+        f"{API}/findings",
+        json={"kind": "rumour", "statement": "x"},
+        headers=bearer(tokens["trigger"]),
+    )
     assert assert_problem(bad, 422)["errors"][0]["field"] == "kind"
 
 
-def test_import_search_and_export(client: TestClient, tokens: dict[str, str], sample_bytes: bytes) -> None:
+def test_import_search_and_export(
+    client: TestClient, tokens: dict[str, str], sample_bytes: bytes
+) -> None:
     report = upload(client, tokens["admin"], sample_bytes)
     assert report.status_code == 200, report.text
-    assert report.json() == {"format": "property-export", "imported": 10, "duplicates": 0,
-                             "by_project": {"attention-kernel-lab": 3, "null": 4, "quant-serving": 3},
-                             "truncated": 1}
+    assert report.json() == {
+        "format": "property-export",
+        "imported": 10,
+        "duplicates": 0,
+        "by_project": {"attention-kernel-lab": 3, "null": 4, "quant-serving": 3},
+        "truncated": 1,
+    }
     assert upload(client, tokens["admin"], sample_bytes).json()["duplicates"] == 10
 
     reader = bearer(tokens["trigger"])
     korean = client.get(f"{API}/findings", params={"q": "클럭"}, headers=reader).json()
     assert [f["language"] for f in korean["items"]] == ["ko"]
-    page = client.get(f"{API}/findings", params={"project": "quant-serving", "limit": 2},
-                      headers=reader).json()
+    page = client.get(
+        f"{API}/findings", params={"project": "quant-serving", "limit": 2}, headers=reader
+    ).json()
     assert (len(page["items"]), page["next_offset"]) == (2, 2)
     assert client.get(f"{API}/findings", params={"limit": 0}, headers=reader).status_code == 422
 
@@ -112,12 +141,20 @@ def test_import_search_and_export(client: TestClient, tokens: dict[str, str], sa
         (b"Property:x\nabout\n\xc3\x28 value", {}, 422, "line 3: not valid UTF-8"),
         (b"<html>not ours</html>", {}, 422, "cannot tell the format"),
         (b'{"kind": "lesson", "statement": "x", "status": "approved"}', {}, 422, "line 1: status"),
-        (b"# Research memory\n\n### lesson\n\n- **proposed** \xc2\xb7 unverified\n", {}, 422,
-         "line 5: the finding has no"),
+        (
+            b"# Research memory\n\n### lesson\n\n- **proposed** \xc2\xb7 unverified\n",
+            {},
+            422,
+            "line 5: the finding has no",
+        ),
     ],
 )
 def test_bad_uploads_are_named_and_store_nothing(
-    client: TestClient, tokens: dict[str, str], data: bytes, form: dict[str, str], status: int,
+    client: TestClient,
+    tokens: dict[str, str],
+    data: bytes,
+    form: dict[str, str],
+    status: int,
     needle: str,
 ) -> None:
     assert_problem(upload(client, tokens["admin"], data, **form), status, needle)

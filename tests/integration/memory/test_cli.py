@@ -26,8 +26,11 @@ def test_import_json_report_then_nothing_new(settings: Settings, stores: Stores)
     first = run(settings, "import", str(SAMPLE), "--json")
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout) == {
-        "format": "property-export", "imported": 10, "duplicates": 0,
-        "by_project": {"attention-kernel-lab": 3, "null": 4, "quant-serving": 3}, "truncated": 1,
+        "format": "property-export",
+        "imported": 10,
+        "duplicates": 0,
+        "by_project": {"attention-kernel-lab": 3, "null": 4, "quant-serving": 3},
+        "truncated": 1,
     }
     again = json.loads(run(settings, "import", str(SAMPLE), "--json").stdout)
     assert (again["imported"], again["duplicates"], again["by_project"]) == (0, 10, {})
@@ -41,12 +44,17 @@ def test_search_show_export(settings: Settings, stores: Stores, tmp_path: Path) 
     assert found.exit_code == 0, found.output
     items = json.loads(found.stdout)["items"]
     assert [i["language"] for i in items] == ["ko"]
-    scoped = json.loads(run(settings, "search", "device", "--project", "quant-serving",
-                            "--kind", "lesson", "--json").stdout)["items"]
+    scoped = json.loads(
+        run(
+            settings, "search", "device", "--project", "quant-serving", "--kind", "lesson", "--json"
+        ).stdout
+    )["items"]
     assert {i["project"] for i in scoped} == {"quant-serving"} and len(scoped) == 2
 
     shown = run(settings, "show", items[0]["id"])
-    assert shown.exit_code == 0 and "GPU 클럭을 고정" in shown.stdout and "-> proposed" in shown.stdout
+    assert (
+        shown.exit_code == 0 and "GPU 클럭을 고정" in shown.stdout and "-> proposed" in shown.stdout
+    )
     out = tmp_path / "memory.md"
     exported = run(settings, "export", "--format", "markdown", "--out", str(out))
     assert exported.exit_code == 0, exported.output
@@ -55,7 +63,9 @@ def test_search_show_export(settings: Settings, stores: Stores, tmp_path: Path) 
     assert len(jsonl.stdout.splitlines()) == 10
 
 
-def test_bad_input_exits_2_with_the_line(settings: Settings, stores: Stores, tmp_path: Path) -> None:
+def test_bad_input_exits_2_with_the_line(
+    settings: Settings, stores: Stores, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"kind": "lesson", "statement": "ok"}\n{"kind": "lesson", "statement": ""}\n')
     result = run(settings, "import", str(bad))

@@ -42,8 +42,15 @@ def test_sample_import_gives_the_issue_figures(memory: Session, sample_bytes: by
     assert count(memory, Finding.project.is_(None)) == 4
     assert count(memory, Finding.language == "ko") == 1
     assert count(memory, Finding.truncated.is_(True)) == 1
-    assert count(memory, Finding.truncated.is_(True), Finding.source_status == "unverified",
-                 Finding.publication_status == "unverified") == 1
+    assert (
+        count(
+            memory,
+            Finding.truncated.is_(True),
+            Finding.source_status == "unverified",
+            Finding.publication_status == "unverified",
+        )
+        == 1
+    )
     assert count(memory, Finding.kind == "lesson", Finding.status == "proposed") == 10
     korean = memory.scalars(select(Finding).where(Finding.language == "ko")).one()
     assert korean.statement.encode("utf-8") == (
@@ -105,20 +112,34 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
     with stores.memory_session() as session:
         service.import_file(session, sample_bytes)
         verdict = record(
-            session, "tile 128 wins by 4% ± 1%", kind="verdict", project="attention-kernel-lab",
-            hypothesis="larger tiles cut HBM traffic", device_kind="h100",
+            session,
+            "tile 128 wins by 4% ± 1%",
+            kind="verdict",
+            project="attention-kernel-lab",
+            hypothesis="larger tiles cut HBM traffic",
+            device_kind="h100",
             fingerprint=service.fingerprint("attention-kernel-lab", "tile", {"tile": 128}, "h100"),
-            scope={"shapes": [[4096, 4096]], "torch": "2.13"}, metrics={"speedup": 1.04, "n": 30},
-            source="https://example.org/run/7", source_status="verified",
-            evidence={"cycle_id": "42", "commit": "abc123", "pr_url": "https://f/pr/9",
-                      "result_path": "runs/42/result.json"},
+            scope={"shapes": [[4096, 4096]], "torch": "2.13"},
+            metrics={"speedup": 1.04, "n": 30},
+            source="https://example.org/run/7",
+            source_status="verified",
+            evidence={
+                "cycle_id": "42",
+                "commit": "abc123",
+                "pr_url": "https://f/pr/9",
+                "result_path": "runs/42/result.json",
+            },
             tags=["tiling", "타일"],
         )
         service.validate(session, verdict.id, "reviewer", "looks right")
         service.supersede(
-            session, verdict.id,
-            FindingCreate(kind="verdict", project="attention-kernel-lab", statement="tile 128 wins by 3%"),
-            "reviewer", "re-measured",
+            session,
+            verdict.id,
+            FindingCreate(
+                kind="verdict", project="attention-kernel-lab", statement="tile 128 wins by 3%"
+            ),
+            "reviewer",
+            "re-measured",
         )
         first = service.export(session, "jsonl")
     with stores.memory_session() as session:
@@ -179,9 +200,13 @@ def test_status_rules_and_audit_trail(memory: Session) -> None:
     with pytest.raises(InvalidInput, match="reason"):
         service.refute(memory, record(memory, "x y z").id, "x", "  ")
 
-    trail = [(e.from_status, e.to_status, e.actor, e.reason) for e in service.history(memory, kept.id)]
-    assert trail == [(None, "proposed", "t-trigger", None),
-                     ("proposed", "validated", "t-review", "reproduced twice")]
+    trail = [
+        (e.from_status, e.to_status, e.actor, e.reason) for e in service.history(memory, kept.id)
+    ]
+    assert trail == [
+        (None, "proposed", "t-trigger", None),
+        ("proposed", "validated", "t-review", "reproduced twice"),
+    ]
     refuted = service.history(memory, dropped.id)[-1]
     assert (refuted.to_status, refuted.reason) == ("refuted", "slower past batch 64 on h100")
 
@@ -193,19 +218,33 @@ def test_validated_changes_only_by_supersession(memory: Session) -> None:
         record(memory, "Tile 32?", project="kernel-lab", supersedes=proposed.id)
 
     # A proposal that supersedes takes effect only when it is validated.
-    successor = record(memory, "Tile 128 is best on h100 since CUDA 13.", project="kernel-lab",
-                       supersedes=old.id)
+    successor = record(
+        memory, "Tile 128 is best on h100 since CUDA 13.", project="kernel-lab", supersedes=old.id
+    )
     assert old.status == "validated"
     service.validate(memory, successor.id, "t-review")
     assert (old.status, successor.status) == ("superseded", "validated")
     assert [e.to_status for e in service.history(memory, old.id)] == [
-        "proposed", "validated", "superseded"]
+        "proposed",
+        "validated",
+        "superseded",
+    ]
     assert service.detail(memory, old.id).superseded_by == [successor.id]
 
-    newer = service.supersede(memory, successor.id, FindingCreate(
-        kind="lesson", project="kernel-lab", statement="Tile 128, unless head_dim > 128."),
-        "t-review", "new head sizes")
-    assert (newer.status, newer.supersedes, successor.status) == ("validated", successor.id, "superseded")
+    newer = service.supersede(
+        memory,
+        successor.id,
+        FindingCreate(
+            kind="lesson", project="kernel-lab", statement="Tile 128, unless head_dim > 128."
+        ),
+        "t-review",
+        "new head sizes",
+    )
+    assert (newer.status, newer.supersedes, successor.status) == (
+        "validated",
+        successor.id,
+        "superseded",
+    )
     with pytest.raises(IllegalTransition, match="superseded"):
         service.supersede(memory, old.id, FindingCreate(kind="lesson", statement="again"), "t")
 
@@ -232,16 +271,30 @@ def test_check_repeat_finds_the_judged_verdict_and_its_bounds(memory: Session) -
     params = {"tile": 128, "stages": 3, "dtype": "bf16"}
     mark = service.fingerprint("kernel-lab", "flash-tile", params, "h100")
     assert service.check_repeat(memory, mark) is None
-    verdict = record(memory, "Tile 128 with 3 stages: 4% faster.", kind="verdict",
-                     project="kernel-lab", fingerprint=mark, device_kind="h100")
+    verdict = record(
+        memory,
+        "Tile 128 with 3 stages: 4% faster.",
+        kind="verdict",
+        project="kernel-lab",
+        fingerprint=mark,
+        device_kind="h100",
+    )
     assert service.check_repeat(memory, mark) is None  # proposed is not judged yet
     service.validate(memory, verdict.id, "t-review")
-    bound = validated(memory, "Stages > 3 run out of shared memory on h100.", kind="bound",
-                      project="kernel-lab", fingerprint=mark, device_kind="h100")
+    bound = validated(
+        memory,
+        "Stages > 3 run out of shared memory on h100.",
+        kind="bound",
+        project="kernel-lab",
+        fingerprint=mark,
+        device_kind="h100",
+    )
     record(memory, "An unjudged bound.", kind="bound", project="kernel-lab", fingerprint=mark)
 
     reordered = {"dtype": "bf16", "stages": 3.0, "tile": 128}
-    repeat = service.check_repeat(memory, service.fingerprint("kernel-lab", "flash-tile", reordered, "h100"))
+    repeat = service.check_repeat(
+        memory, service.fingerprint("kernel-lab", "flash-tile", reordered, "h100")
+    )
     assert repeat is not None
     assert repeat.verdict.id == verdict.id
     assert [b.id for b in repeat.bounds] == [bound.id]
@@ -249,7 +302,9 @@ def test_check_repeat_finds_the_judged_verdict_and_its_bounds(memory: Session) -
     assert service.check_repeat(memory, other_device) is None
 
     refuted_mark = service.fingerprint("kernel-lab", "flash-tile", {"tile": 256}, "h100")
-    wrong = record(memory, "Tile 256 wins.", kind="verdict", project="kernel-lab", fingerprint=refuted_mark)
+    wrong = record(
+        memory, "Tile 256 wins.", kind="verdict", project="kernel-lab", fingerprint=refuted_mark
+    )
     service.refute(memory, wrong.id, "t-review", "register spills")
     refuted = service.check_repeat(memory, refuted_mark)
     assert refuted is not None and refuted.verdict.status == "refuted"
@@ -291,7 +346,11 @@ def test_search_filters_rank_and_pages(memory: Session) -> None:
     assert (len(first.items), first.next_offset) == (3, 3)
     rest = service.search(memory, "kernel", limit=3, offset=6)
     assert (len(rest.items), rest.next_offset) == (2, None)
-    seen = {f.id for off in (0, 3, 6) for f in service.search(memory, "kernel", limit=3, offset=off).items}
+    seen = {
+        f.id
+        for off in (0, 3, 6)
+        for f in service.search(memory, "kernel", limit=3, offset=off).items
+    }
     assert len(seen) == 8
     with pytest.raises(InvalidInput, match="kind"):
         service.search(memory, "x", kind="rumour")
@@ -300,11 +359,15 @@ def test_search_filters_rank_and_pages(memory: Session) -> None:
 
 
 def test_related_gives_validated_findings_of_the_project_and_general(memory: Session) -> None:
-    bound = validated(memory, "Shared memory caps stages at 3 on h100.", kind="bound", project="kernel-lab")
+    bound = validated(
+        memory, "Shared memory caps stages at 3 on h100.", kind="bound", project="kernel-lab"
+    )
     lesson = validated(memory, "Calibrate int8 scales on real traffic.", project="quant-serving")
     general = validated(memory, "Lock GPU clocks before timing anything.")
     record(memory, "Stages and shared memory: unreviewed idea.", project="kernel-lab")
-    found = service.related(memory, "kernel-lab", "How many pipeline stages fit in shared memory?", 2)
+    found = service.related(
+        memory, "kernel-lab", "How many pipeline stages fit in shared memory?", 2
+    )
     assert [f.id for f in found] == [bound.id, general.id]
     assert lesson.id not in {f.id for f in service.related(memory, "kernel-lab", "int8 scales", 5)}
     assert [f.id for f in service.related(memory, None, "clocks timing", 1)] == [general.id]
@@ -324,4 +387,6 @@ def test_memory_lives_apart_from_ops(stores: Stores) -> None:
     for source in package.glob("*.py"):
         for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith(("app.projects", "app.jobs", "app.cycles", "workers")), source
+                assert not (node.module or "").startswith(
+                    ("app.projects", "app.jobs", "app.cycles", "workers")
+                ), source
