@@ -114,6 +114,10 @@ def queue_settings(settings: Settings, broker_url: str, shared_venv_root: Path) 
             "heartbeat_interval_s": 0.5,
             "reaper_interval_s": 1.0,
             "doorbell_stale_s": 2.0,
+            # These tests watch a job's processes by host pid and its files beside its export
+            # (runs.txt counts attempts across re-exports), which the sandbox hides on purpose;
+            # tests/integration/containment runs the same workers sandboxed.
+            "sandbox": "off",
         }
     )
 
@@ -134,6 +138,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
             "AUTOPILOT_DOORBELL_STALE_S": str(settings.doorbell_stale_s),
             "AUTOPILOT_SCHEDULE_TICK_S": str(settings.schedule_tick_s),
             "AUTOPILOT_CONTROL_URL": settings.control_url,
+            "AUTOPILOT_SANDBOX": settings.sandbox,
         }
     )
     if settings.control_token is not None:
@@ -224,6 +229,7 @@ class Workers:
                 "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": str(s.venv_system_site_packages).lower(),
                 "AUTOPILOT_LEASE_TTL_S": str(s.lease_ttl_s),
                 "AUTOPILOT_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
+                "AUTOPILOT_SANDBOX": s.sandbox,
             }
         )
         state_dir.mkdir(parents=True, exist_ok=True)

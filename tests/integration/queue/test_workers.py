@@ -67,7 +67,12 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
         "status": "ok",
         "experiment": "probe",
         "parameters": {"sleep_s": 0.05, "grandchild": 0},
+        "sandbox": "off",  # the worker's record, not the job's
     }
+    log_text = Path(done.log_path or "").read_text()
+    assert log_text.splitlines()[0] == (
+        "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"
+    )
     assert done.attempts == 1 and done.first_line_at is not None
     assert len(runs(workers, job_id)) == 1
     with stores.ops_session() as session:
