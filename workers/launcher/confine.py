@@ -88,6 +88,18 @@ def open_cgroup(name: str, *, required: bool) -> sandbox.Cgroup | None:
         return None
 
 
+def sweep_spare_cgroups() -> None:
+    """Remove the empty cgroups of spares whose worker died (SIGKILL leaves the directory); a
+    live spare's cgroup holds its processes, and an rmdir of it fails."""
+    try:
+        base = sandbox.Cgroup.create("spare-sweep").path.parent
+    except sandbox.SandboxUnavailable:
+        return
+    for folder in base.glob("spare-*"):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def move(processes: sandbox.Cgroup, into: sandbox.Cgroup) -> None:
     """Move every process of `processes` (a parked interpreter's, which starts nothing while
     parked) into `into`, then remove the emptied cgroup."""

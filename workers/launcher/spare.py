@@ -292,6 +292,7 @@ class SpareSlot:
 
     def __init__(self) -> None:
         self.spare: Spare | None = None
+        self._swept = False
 
     def take(
         self,
@@ -342,6 +343,9 @@ class SpareSlot:
     ) -> None:
         if self.spare is not None:
             return
+        if not self._swept:
+            self._swept = True
+            confine.sweep_spare_cgroups()  # what the spares of a dead worker left here
         rt: RuntimeDir | None = None
         try:
             rt = runtime.allocate_runtime(
