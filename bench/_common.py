@@ -187,8 +187,10 @@ def module_job(
     runtime: RuntimeDir,
     base_env: dict[str, str],
     requirements_hash: str | None = None,
+    sandboxed: bool = False,
 ) -> LaunchSpec:
-    """A job that runs the module `entry` of `worktree` in `venv`, on no GPU, no spec."""
+    """A job that runs the module `entry` of `worktree` in `venv`, on no GPU, no spec;
+    `sandboxed`: under bubblewrap, in a cgroup of its own, as a GPU worker runs it."""
     return LaunchSpec(
         venv=venv,
         entry=entry,
@@ -199,6 +201,8 @@ def module_job(
         base_env=base_env,
         cuda_visible_devices="",
         requirements_hash=requirements_hash,
+        sandboxed=sandboxed,
+        cgroup=f"bench-{os.getpid()}" if sandboxed else None,
     )
 
 

@@ -120,6 +120,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
             "AUTOPILOT_BROKER_URL": settings.broker_url,
             "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": str(settings.venv_system_site_packages).lower(),
             "AUTOPILOT_GPU_SPARE_INTERPRETER": str(settings.gpu_spare_interpreter).lower(),
+            "AUTOPILOT_SANDBOX": settings.sandbox,
             "PYTHONPATH": str(ROOT),
         }
     )
@@ -206,6 +207,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             broker_url=args.broker,
             venv_system_site_packages=args.system_site_packages,
             gpu_spare_interpreter=not args.no_spare,
+            sandbox=args.sandbox,
         )
         migrate.upgrade(settings)
         stores = Stores.from_settings(settings)
@@ -329,6 +331,7 @@ def _measure(
             "spawn_to_first_line": median_ms(interp),
             "busy_first_line_to_finish": median_ms(busy),
         },
+        "sandbox": settings.sandbox,
         "machine": machine("cpu", "cores", "python", "date"),
     }
 
@@ -341,6 +344,12 @@ def main() -> None:
         "--no-spare",
         action="store_true",
         help="start every job cold (no parked interpreter): the ablation",
+    )
+    ap.add_argument(
+        "--sandbox",
+        choices=("on", "off"),
+        default="on",
+        help="AUTOPILOT_SANDBOX of the GPU worker and of the preparation (default: on)",
     )
     ap.add_argument("--jobs", type=int, default=0, help="override the number of jobs")
     ap.add_argument("--job-s", type=float, default=0.5, help="each job's length")

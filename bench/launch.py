@@ -7,7 +7,10 @@ user module, which reads the monotonic clock (system-wide on Linux) and sends it
 `started` event. The baseline is the whole of `<venv>/bin/python -c pass`, start to exit.
 Pairs are interleaved with the order alternating; figures are medians.
 
-    python bench/launch.py [--quick] [--json]
+    python bench/launch.py [--quick] [--json] [--sandbox]
+
+`--sandbox`: every launch of ours under bubblewrap, in its cgroup (a GPU worker's default);
+the baseline stays bare Python, so the sandbox's cost shows in the difference between runs.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ else:  # the `-m` reference run without the runner
 
 
 def main() -> None:
-    args = bench_parser(__doc__, quick="20 pairs instead of 60").parse_args()
+    ap = bench_parser(__doc__, quick="20 pairs instead of 60")
+    ap.add_argument("--sandbox", action="store_true", help="launch under bubblewrap")
+    args = ap.parse_args()
     pairs = 20 if args.quick else 60
 
     work = Path(tempfile.mkdtemp(prefix="ap-bench-"))
@@ -72,6 +77,8 @@ def main() -> None:
                     cuda_visible_devices="",
                     base_env=base_env,
                     requirements_hash=venv.requirements_hash,
+                    sandboxed=args.sandbox,
+                    workdir=worktree,
                 )
                 time.sleep(0.15)  # let it finish starting: on a worker it started a job ago
             t0 = time.monotonic()
@@ -79,7 +86,13 @@ def main() -> None:
                 rt = allocate_runtime(state_dir=work / "state", env=base_env)
             try:
                 job = module_job(
-                    venv.path, "bench_user", worktree, rt, base_env, venv.requirements_hash
+                    venv.path,
+                    "bench_user",
+                    worktree,
+                    rt,
+                    base_env,
+                    venv.requirements_hash,
+                    sandboxed=args.sandbox,
                 )
                 report = run_guard(
                     venv.path,
