@@ -7,6 +7,7 @@ behind a file lock, and only counts as built once its completion marker exists.
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -25,6 +26,39 @@ COMPLETE_MARKER = ".autopilot-complete"
 REQUIREMENTS_FILE = "autopilot-requirements.txt"
 BUILD_LOG = "autopilot-build.log"
 _PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: Shared by the builds under one state dir: downloads and built wheels only, no secrets.
+PIP_CACHE_DIR = ".pip-cache"
+
+#: The only variables of the worker's environment a venv build's subprocesses (`python -m venv`,
+#: pip, and the package builds pip runs, i.e. any setup.py of any requirement) get: the worker
+#: holds tokens and database URLs with passwords that none of them needs. HOME is set apart,
+#: to a private folder of the build; what pip needs from the operator (a mirror, its
+#: certificates, a proxy) is here, by name. A pattern may end in '*'.
+BUILD_ENV_ALLOWED: tuple[str, ...] = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_FIND_LINKS",
+    "PIP_NO_INDEX",
+    "PIP_CERT",
+    "PIP_DISABLE_PIP_VERSION_CHECK",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
+# A pip option, at a line's start or after whitespace (`pkg --config-settings=...`).
+_PIP_OPTION = re.compile(r"(?:^|\s)-")
 
 #: Called with (phase, line) while a venv builds: phases are "lock", "create", "install",
 #: "done"; `line` is one line of the tool's output or a short status.
@@ -72,6 +106,44 @@ def interpreter_path(venv: str | os.PathLike[str]) -> Path:
     return Path(python)
 
 
+def build_env(
+    home: str | os.PathLike[str], base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a venv build's subprocesses: `BUILD_ENV_ALLOWED` out of `base` (the
+    worker's environment), HOME set to `home`."""
+    source = os.environ if base is None else base
+    env = {
+        name: value
+        for name, value in source.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in BUILD_ENV_ALLOWED)
+    }
+    env["HOME"] = os.fspath(home)
+    return env
+
+
+def refuse_pip_options(requirements: Sequence[str]) -> None:
+    """VenvError naming the first line that is not a plain requirement for a requirements file.
+
+    `autopilot.toml` is checked when it is parsed (app.projects.config.check_requirement);
+    this is the second line of defence, on the very lines pip will read: no pip option
+    (`--index-url`, `-r`, `-e`, `pkg --config-settings=...`, `--hash` too), no `${VAR}` that pip
+    would expand from its environment, no line break or trailing backslash that would make
+    one line two or join two. A local folder (the harness, an absolute path) passes here.
+    """
+    for line in requirements:
+        if (
+            _PIP_OPTION.search(line)
+            or "${" in line
+            or any(ch in line for ch in "\r\n\0")
+            or line.rstrip().endswith("\\")
+        ):
+            raise VenvError(
+                f"requirement line {line!r} is or carries a pip option (or a ${{VAR}}, or a "
+                "line break): only requirements are installed; a package index or mirror is "
+                "declared through PIP_INDEX_URL in the worker's environment"
+            )
+
+
 def venv_dir(state_dir: Path, project: str, req_hash: str, python_version: str) -> Path:
     if not _PROJECT_NAME.match(project):
         raise VenvError(
@@ -90,6 +162,7 @@ def _python_version(base_python: str) -> str:
         text=True,
         timeout=60,
         check=False,
+        env=build_env(os.devnull),  # a probe that writes nothing needs no home
     )
     if out.returncode != 0:
         raise VenvError(f"base interpreter {base_python} does not run: {out.stderr.strip()}")
@@ -163,6 +236,35 @@ def _build(
     install_timeout_s: float,
 ) -> None:
     wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
+    refuse_pip_options(wanted)  # before anything is built: these are the lines pip will read
+    home = target.parent / f"{target.name}.home"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(mode=0o700)
+    try:
+        _create_and_install(
+            target,
+            wanted,
+            system_site_packages,
+            base_python,
+            log_path,
+            report,
+            install_timeout_s,
+            build_env(home) | {"PIP_CACHE_DIR": str(target.parent / PIP_CACHE_DIR)},
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _create_and_install(
+    target: Path,
+    wanted: list[str],
+    system_site_packages: bool,
+    base_python: str,
+    log_path: Path,
+    report: Progress,
+    install_timeout_s: float,
+    env: dict[str, str],
+) -> None:
     create = [base_python, "-m", "venv"]
     if system_site_packages:
         create.append("--system-site-packages")
@@ -170,9 +272,9 @@ def _build(
         create.append("--without-pip")  # nothing to install: skip the slow ensurepip step
     create.append(str(target))
     with open(log_path, "w", encoding="utf-8") as log:
-        _run_logged(create, log, report, "create", 600.0)
+        _run_logged(create, log, report, "create", 600.0, env)
         if system_site_packages:
-            _inherit_parent_venv(target, base_python)
+            _inherit_parent_venv(target, base_python, env)
         if not wanted:
             return
         req_file = target / REQUIREMENTS_FILE
@@ -186,7 +288,7 @@ def _build(
             "-r",
             str(req_file),
         ]
-        _run_logged(install, log, report, "install", install_timeout_s)
+        _run_logged(install, log, report, "install", install_timeout_s, env)
 
 
 def _private_sources(requirements: Sequence[str], into: Path) -> list[str]:
@@ -230,7 +332,7 @@ def inherited_site_dirs(venv: Path) -> list[str]:
     return dirs
 
 
-def _inherit_parent_venv(target: Path, base_python: str) -> None:
+def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) -> None:
     """`--system-site-packages` exposes the *base* interpreter's packages. When the base is
     itself a venv (the service's, holding torch), a .pth file adds that venv's site-packages
     too, after the new venv's own, so "reuse the installed torch" means what it says."""
@@ -245,6 +347,7 @@ def _inherit_parent_venv(target: Path, base_python: str) -> None:
         text=True,
         check=True,
         timeout=60,
+        env=env,
     )
     first, *paths = probe.stdout.splitlines()
     if first != "True" or not paths:
@@ -254,7 +357,12 @@ def _inherit_parent_venv(target: Path, base_python: str) -> None:
 
 
 def _run_logged(
-    argv: list[str], log: TextIO, report: Progress, phase: str, timeout_s: float
+    argv: list[str],
+    log: TextIO,
+    report: Progress,
+    phase: str,
+    timeout_s: float,
+    env: dict[str, str],
 ) -> None:
     log.write(f"$ {' '.join(argv)}\n")
     report(phase, " ".join(argv))
@@ -265,6 +373,7 @@ def _run_logged(
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
+        env=env,
     )
     tail: list[str] = []
 

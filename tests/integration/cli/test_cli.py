@@ -61,6 +61,8 @@ def test_token_lifecycle_stores_only_the_hash(tmp_path: Path) -> None:
         (("token", "create", "--name", "Bad Name", "--scope", "admin"), "is not a slug"),
         (("project", "create", "--name", "UPPER", "--repo-url", "/r"), "name: name 'UPPER' is not a slug"),
         (("project", "create", "--name", "p", "--repo-url", "ext::sh"), "repo_url"),
+        (("project", "create", "--name", "p", "--repo-url", "https://ghp_x@github.com/o/r"), "must not carry credentials"),
+        (("project", "add", "https://ghp_x@github.com/o/r"), "must not carry credentials"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
@@ -69,6 +71,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], 
     result = autopilot(state, *args)
     assert result.returncode == 2
     assert needle in result.stderr
+    assert "ghp_x" not in result.stderr  # a refused URL is not echoed back
     assert len(result.stderr.strip().splitlines()) == 1
 
 
