@@ -195,6 +195,7 @@ def venv_for_job(settings: Settings, project: str, requirements: list[str]) -> v
         project,
         requirements,
         system_site_packages=settings.venv_system_site_packages,
+        sandboxed=settings.sandbox == "on",
     )
 
 

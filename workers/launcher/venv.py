@@ -6,6 +6,7 @@ behind a file lock, and only counts as built once its completion marker exists.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import hashlib
@@ -21,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+from app import sandbox
 
 COMPLETE_MARKER = ".autopilot-complete"
 REQUIREMENTS_FILE = "autopilot-requirements.txt"
@@ -178,8 +181,13 @@ def ensure_venv(
     base_python: str = sys.executable,
     progress: Progress | None = None,
     install_timeout_s: float = 3600.0,
+    sandboxed: bool = False,
 ) -> Venv:
     """Return the project's venv for these requirements, building it first if needed.
+
+    With `sandboxed`, `python -m venv` and pip (and every package build it runs: a setup.py is
+    code from the registry) run under bubblewrap in a cgroup of their own, seeing only the venv
+    being built, the build's home, pip's cache and the interpreter (`app.sandbox`).
 
     Two workers asking for the same venv serialise on a lock file; the second one finds
     the completion marker and reuses the venv. A directory without the marker is a build
@@ -212,6 +220,7 @@ def ensure_venv(
             log_path,
             report,
             install_timeout_s,
+            sandboxed,
         )
         marker = {
             "requirements_hash": req_hash,
@@ -234,12 +243,28 @@ def _build(
     log_path: Path,
     report: Progress,
     install_timeout_s: float,
+    sandboxed: bool,
 ) -> None:
     wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
     refuse_pip_options(wanted)  # before anything is built: these are the lines pip will read
     home = target.parent / f"{target.name}.home"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(mode=0o700)
+    cache = target.parent / PIP_CACHE_DIR
+    cache.mkdir(exist_ok=True)
+    target.mkdir()
+    env = build_env(home) | {"PIP_CACHE_DIR": str(cache)}
+    confine = (
+        sandbox.Policy(
+            cwd=home,
+            env=env,
+            writable=[target, home, cache],
+            read_only=_interpreter_paths(base_python),
+            network=True,  # pip reaches the package index
+        )
+        if sandboxed
+        else None
+    )
     try:
         _create_and_install(
             target,
@@ -249,7 +274,8 @@ def _build(
             log_path,
             report,
             install_timeout_s,
-            build_env(home) | {"PIP_CACHE_DIR": str(target.parent / PIP_CACHE_DIR)},
+            env,
+            confine,
         )
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -264,6 +290,7 @@ def _create_and_install(
     report: Progress,
     install_timeout_s: float,
     env: dict[str, str],
+    confine: sandbox.Policy | None,
 ) -> None:
     create = [base_python, "-m", "venv"]
     if system_site_packages:
@@ -272,7 +299,7 @@ def _create_and_install(
         create.append("--without-pip")  # nothing to install: skip the slow ensurepip step
     create.append(str(target))
     with open(log_path, "w", encoding="utf-8") as log:
-        _run_logged(create, log, report, "create", 600.0, env)
+        _run_logged(create, log, report, "create", 600.0, env, confine)
         if system_site_packages:
             _inherit_parent_venv(target, base_python, env)
         if not wanted:
@@ -288,7 +315,7 @@ def _create_and_install(
             "-r",
             str(req_file),
         ]
-        _run_logged(install, log, report, "install", install_timeout_s, env)
+        _run_logged(install, log, report, "install", install_timeout_s, env, confine)
 
 
 def _private_sources(requirements: Sequence[str], into: Path) -> list[str]:
@@ -356,6 +383,13 @@ def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) ->
         (site_dir / PARENT_VENV_PTH).write_text("\n".join(paths) + "\n")
 
 
+def _interpreter_paths(base_python: str) -> list[Path]:
+    """What a sandboxed build must read of the base interpreter: the venv it lives in when it
+    is one (the service's, say) and that venv's own base (in the system paths)."""
+    prefix = Path(os.path.abspath(base_python)).parent.parent
+    return [prefix] if (prefix / "pyvenv.cfg").is_file() else []
+
+
 def _run_logged(
     argv: list[str],
     log: TextIO,
@@ -363,17 +397,49 @@ def _run_logged(
     phase: str,
     timeout_s: float,
     env: dict[str, str],
+    confine: sandbox.Policy | None = None,
 ) -> None:
     log.write(f"$ {' '.join(argv)}\n")
     report(phase, " ".join(argv))
+    with contextlib.ExitStack() as stack:
+        cgroup = (
+            stack.enter_context(
+                sandbox.Cgroup.create(f"venv-{os.getpid()}-{threading.get_ident()}-{phase}")
+            )
+            if confine is not None
+            else None
+        )
+        _run_pumped(
+            sandbox.command(argv, confine) if confine is not None else argv,
+            {} if confine is not None else env,
+            cgroup,
+            log,
+            report,
+            phase,
+            timeout_s,
+            " ".join(argv),
+        )
+
+
+def _run_pumped(
+    args: list[str],
+    env: dict[str, str],
+    cgroup: sandbox.Cgroup | None,
+    log: TextIO,
+    report: Progress,
+    phase: str,
+    timeout_s: float,
+    shown: str,
+) -> None:
     proc = subprocess.Popen(  # noqa: S603 - argv built here, never a shell
-        argv,
+        args,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
         env=env,
+        preexec_fn=cgroup.preexec() if cgroup is not None else None,  # noqa: PLW1509
     )
     tail: list[str] = []
 
@@ -394,13 +460,12 @@ def _run_logged(
         proc.kill()
         proc.wait()
         raise VenvError(
-            f"venv {phase} step ran past {timeout_s:.0f} s and was killed: {' '.join(argv)}; "
-            f"see {log.name}"
+            f"venv {phase} step ran past {timeout_s:.0f} s and was killed: {shown}; see {log.name}"
         ) from None
     reader.join(timeout=10)
     if code != 0:
         raise VenvError(
-            f"venv {phase} step failed (exit {code}): {' '.join(argv)}\n"
+            f"venv {phase} step failed (exit {code}): {shown}\n"
             + "\n".join(tail)
             + f"\nfull log: {log.name}"
         )

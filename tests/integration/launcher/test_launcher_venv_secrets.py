@@ -108,3 +108,84 @@ def test_a_pip_option_is_refused_before_anything_is_built(tmp_path: Path, line: 
     target = venv_dir(tmp_path, "opts", "0" * 12, "3.11").parent
     assert not list(target.glob(f"*/{REQUIREMENTS_FILE}"))
     assert not [p for p in target.iterdir() if p.is_dir()]  # no venv, no private home
+
+
+# A hostile build backend: what it can reach while pip builds it goes into the module it
+# installs (the only place a sandboxed build can write to that the test can read back).
+HOSTILE_BACKEND = '''
+import base64, glob, hashlib, json, os, socket, zipfile
+
+def probe():
+    seen = {{"environ_hits": [], "wrote_outside": False, "state_visible": False, "pids": []}}
+    for path in glob.glob("/proc/*/environ"):
+        try:
+            if {canary!r}.encode() in open(path, "rb").read():
+                seen["environ_hits"].append(path)
+        except OSError:
+            pass
+    seen["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    try:
+        with open({outside!r}, "w") as out:
+            out.write("pwned")
+        seen["wrote_outside"] = True
+    except OSError:
+        pass
+    seen["state_visible"] = os.path.exists({state!r})
+    return seen
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    dist = "autopilot_canary_pkg-0.1.dist-info"
+    files = {{
+        "autopilot_canary_pkg.py": "FINDINGS = " + repr(json.dumps(probe())) + "\\n",
+        dist + "/METADATA": "Metadata-Version: 2.1\\nName: autopilot-canary-pkg\\nVersion: 0.1\\n",
+        dist + "/WHEEL": "Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    }}
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{{path}},sha256={{digest.decode()}},{{len(text.encode())}}")
+    record.append(dist + "/RECORD,,")
+    name = "autopilot_canary_pkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(dist + "/RECORD", "\\n".join(record) + "\\n")
+    return name
+'''
+
+
+def test_a_sandboxed_build_cannot_reach_the_worker_or_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app import sandbox
+
+    if reason := sandbox.check():
+        pytest.skip(f"no sandbox here: {reason}")
+    monkeypatch.setenv("AUTOPILOT_CANARY_TOKEN", CANARY)  # in this (the worker's) environment
+    state_secret = tmp_path / "state-secret"
+    state_secret.mkdir()
+    outside = tmp_path / "outside.txt"
+    pkg = tmp_path / "hostile-pkg"
+    pkg.mkdir()
+    (pkg / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "hostile"\nbackend-path = ["."]\n'
+    )
+    (pkg / "hostile.py").write_text(
+        HOSTILE_BACKEND.format(canary=CANARY, outside=str(outside), state=str(state_secret))
+    )
+
+    built = ensure_venv(tmp_path / "state", "hostile", [str(pkg)], sandboxed=True)
+
+    site = next(built.path.glob("lib/python*/site-packages"))
+    text = (site / "autopilot_canary_pkg.py").read_text()
+    findings = json.loads(text.split("=", 1)[1].strip().strip("'"))
+    assert findings["environ_hits"] == []  # no ancestor's environment is readable
+    assert not outside.exists()  # whatever it wrote stayed in the sandbox's throwaway root
+    assert findings["state_visible"] is False
+    assert 1 in findings["pids"] and len(findings["pids"]) < 10  # its own PID namespace
+    assert CANARY not in built.log_path.read_text()
