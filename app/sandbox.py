@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from app.errors import AutopilotError
 
@@ -114,6 +113,8 @@ def command(argv: Sequence[str], policy: Policy) -> list[str]:
         args += ["--tmpfs", str(hidden)]
     for target, link in policy.symlinks:
         args += ["--symlink", target, str(link)]
+    # The scratch root too, so only the writable dirs and /tmp take writes.
+    args += ["--remount-ro", "/"]
     for name, value in policy.environment().items():
         args += ["--setenv", name, value]
     return [*args, "--chdir", str(policy.cwd), "--", *argv]
@@ -211,12 +212,7 @@ class Cgroup:
     def __enter__(self) -> Cgroup:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove()
 
 
