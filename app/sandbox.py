@@ -80,9 +80,10 @@ def system_read_only() -> list[Path]:
     """What every sandbox may read: the OS, a minimal /etc and the interpreter's base install
     (a venv's python needs it)."""
     paths = [Path("/", name) for name in _ROOT] + [Path("/etc", name) for name in _ETC]
-    base = Path(sys.base_prefix).resolve()
-    if not base.is_relative_to("/usr"):
-        paths.append(base)
+    # Both spellings: a venv's python may link through a symlinked prefix (pyenv's 3.11 -> 3.11.7).
+    for base in dict.fromkeys((Path(sys.base_prefix), Path(sys.base_prefix).resolve())):
+        if not base.is_relative_to("/usr"):
+            paths.append(base)
     return [p for p in paths if p.exists() or p.is_symlink()]
 
 
