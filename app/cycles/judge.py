@@ -44,6 +44,9 @@ from app.cycles.exceptions import Unjudgeable
 
 JUDGE = "control-plane"
 NOT_JUDGED = ("factorial", "study")
+# The bootstrap holds n_boot x n resampled values: the untrusted report must not choose how
+# much of the control host's memory a judgement takes (10k pairs: ~320 MB at most).
+MAX_PAIRS = 10_000
 _FIGURES = ("ratio", "ci_low", "ci_high")
 
 
@@ -212,6 +215,11 @@ def _samples(section: Mapping[str, Any], where: str) -> tuple[list[float], list[
     if len(a) != len(b):
         raise Unjudgeable(
             f"{where}.samples: a_ns has {len(a)} values but b_ns has {len(b)}; samples are pairs"
+        )
+    if len(a) > MAX_PAIRS:
+        raise Unjudgeable(
+            f"{where}.samples has {len(a)} pairs, more than the {MAX_PAIRS} the control plane "
+            "judges; run fewer repeats"
         )
     if len(a) < 2:
         raise Unjudgeable(

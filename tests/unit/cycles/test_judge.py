@@ -240,6 +240,10 @@ def test_the_accuracy_criterion_is_the_harness_criterion(
             r"b_ns\[0\] is not a number",
         ),
         (lambda r: r["comparisons"][0]["samples"].update(a_ns=[1], b_ns=[2]), "at least 2"),
+        (
+            lambda r: r["noise_floor"].update(samples={"a_ns": [1] * 10_001, "b_ns": [1] * 10_001}),
+            "more than the 10000",
+        ),
         (lambda r: r.pop("noise_floor"), "noise_floor is missing"),
         (lambda r: r["noise_floor"].pop("samples"), r"noise_floor\.samples is missing"),
         (lambda r: r.update(comparisons=[]), "comparisons is missing or empty"),
