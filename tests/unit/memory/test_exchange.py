@@ -48,10 +48,7 @@ def test_sample_values_are_cleaned_but_never_filled_in() -> None:
         "Pin the data-loader worker count before comparing kernel timings; loader jitter hides "
         "differences under five percent."
     )
-    assert (
-        records[1].statement
-        == "측정 전에 GPU 클럭을 고정하지 않았다면 결과를 장치 간에 비교하지 않는다."
-    )
+    assert records[1].statement == "측정 전에 GPU 클럭을 고정하지 않았다면 결과를 장치 간에 비교하지 않는다."
 
 
 def test_concatenated_value_splits_in_order() -> None:
@@ -69,10 +66,7 @@ def test_concatenated_value_splits_in_order() -> None:
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (
-            "General first. lora-x: then a project.",
-            [(None, "General first."), ("lora-x", "then a project.")],
-        ),
+        ("General first. lora-x: then a project.", [(None, "General first."), ("lora-x", "then a project.")]),
         ("nohyphen: stays general", [(None, "nohyphen: stays general")]),
         ("a data-loader worker count", [(None, "a data-loader worker count")]),
         ("see http://x-y.org: not a slug", [(None, "see http://x-y.org: not a slug")]),
@@ -127,9 +121,7 @@ def test_unknown_format_names_the_line() -> None:
 def test_jsonl_errors_name_line_and_field() -> None:
     good = '{"kind": "lesson", "statement": "ok"}'
     with pytest.raises(InvalidImport) as caught:
-        exchange.parse_jsonl(
-            good + "\n" + '{"kind": "lesson", "statement": "x", "status": "maybe"}'
-        )
+        exchange.parse_jsonl(good + "\n" + '{"kind": "lesson", "statement": "x", "status": "maybe"}')
     assert caught.value.detail.startswith("line 2: status:")
     assert caught.value.extra == {"line": 2, "field": "status"}
     with pytest.raises(InvalidImport, match="line 3: not valid JSON"):
@@ -143,13 +135,8 @@ def test_jsonl_errors_name_line_and_field() -> None:
 def test_markdown_round_trip_keeps_statement_bytes_and_marks() -> None:
     records = [
         FindingRecord(
-            id="a1",
-            project="kernel-lab",
-            kind="bound",
-            statement="  two\nlines, one  \n\nblank",
-            status="validated",
-            source_status="verified",
-            source="https://example.org/paper",
+            id="a1", project="kernel-lab", kind="bound", statement="  two\nlines, one  \n\nblank",
+            status="validated", source_status="verified", source="https://example.org/paper",
             device_kind="h100",
         ),
         FindingRecord(id="b2", kind="lesson", statement="general; cut…", truncated=True, group="a"),
@@ -158,34 +145,10 @@ def test_markdown_round_trip_keeps_statement_bytes_and_marks() -> None:
     assert "**validated** · verified · device `h100`" in text
     assert "**proposed** · unverified · truncated" in text
     back = [p.record for p in exchange.parse(text, "auto")]
-    assert [
-        (
-            r.id,
-            r.project,
-            r.kind,
-            r.statement,
-            r.status,
-            r.source_status,
-            r.truncated,
-            r.device_kind,
-            r.source,
-            r.group,
-        )
-        for r in back
-    ] == [
-        (
-            r.id,
-            r.project,
-            r.kind,
-            r.statement,
-            r.status,
-            r.source_status,
-            r.truncated,
-            r.device_kind,
-            r.source,
-            r.group,
-        )
-        for r in records
+    assert [(r.id, r.project, r.kind, r.statement, r.status, r.source_status, r.truncated,
+             r.device_kind, r.source, r.group) for r in back] == [
+        (r.id, r.project, r.kind, r.statement, r.status, r.source_status, r.truncated,
+         r.device_kind, r.source, r.group) for r in records
     ]
 
 

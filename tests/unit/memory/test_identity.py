@@ -15,16 +15,8 @@ PARAMS = {"batch": 32, "tile": [64, 128], "dtype": "bf16", "lr": 0.001, "opts": 
 
 
 def test_parameter_order_does_not_change_the_fingerprint() -> None:
-    reordered = {
-        "opts": {"a": 2, "b": 1},
-        "lr": 0.001,
-        "dtype": "bf16",
-        "tile": [64, 128],
-        "batch": 32,
-    }
-    assert fingerprint("p-x", "gemm", PARAMS, "h100") == fingerprint(
-        "p-x", "gemm", reordered, "h100"
-    )
+    reordered = {"opts": {"a": 2, "b": 1}, "lr": 0.001, "dtype": "bf16", "tile": [64, 128], "batch": 32}
+    assert fingerprint("p-x", "gemm", PARAMS, "h100") == fingerprint("p-x", "gemm", reordered, "h100")
 
 
 def test_number_spelling_does_not_change_the_fingerprint() -> None:
@@ -71,12 +63,7 @@ def test_content_hash_normalises_whitespace_only() -> None:
 
 @pytest.mark.parametrize(
     ("text", "language"),
-    [
-        ("Pin the clocks.", "en"),
-        ("GPU 클럭을 고정한다", "ko"),
-        ("12345 +", "und"),
-        ("Ünïcødé", "und"),
-    ],
+    [("Pin the clocks.", "en"), ("GPU 클럭을 고정한다", "ko"), ("12345 +", "und"), ("Ünïcødé", "und")],
 )
 def test_language_guess(text: str, language: str) -> None:
     assert detect_language(text) == language
