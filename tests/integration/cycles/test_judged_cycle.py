@@ -112,9 +112,9 @@ def test_a_forged_verdict_settles_with_the_control_planes_verdict(
 
         cycle = wait_for(ended, timeout=300)
     assert cycle["state"] == "awaiting_review", (cycle, workers.logs())
-    assert cycle["verdict"] == "slower"
-    assert cycle["headline"]["verdict"] == "slower" and cycle["headline"]["ratio"] > 1
-    assert cycle["headline"]["disagreements"] == 1
+    assert cycle["verdict"] == "slower", cycle
+    assert cycle["headline"]["verdict"] == "slower" and cycle["headline"]["ratio"] > 1, cycle
+    assert cycle["headline"]["disagreements"] == 1, cycle
 
     with stores.ops_session() as session:
         job = session.query(Job).filter_by(cycle_id=cycle_id).one()
