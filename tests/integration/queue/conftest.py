@@ -22,7 +22,7 @@ from tests.conftest import Backend, need_redis
 from tests.support import free_port, port_open, wait_for
 
 PROBE = '''
-"""A tiny experiment: reports its first line, records each run, sleeps, writes a result."""
+"""A tiny experiment: reports its first line, records each run, sleeps, writes raw samples."""
 import json, os, socket, subprocess, sys, time
 
 def send(event):
@@ -43,7 +43,14 @@ if params.get("grandchild"):
     child = subprocess.Popen(["sleep", "300"])
     open(os.path.join(here, "grandchild.pid"), "w").write(str(child.pid))
 time.sleep(params["sleep_s"])
-json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params},
+# Raw paired samples (fixed, so a re-run judges the same) for the control plane to judge.
+a = [1000000 + 997 * (i % 5) for i in range(10)]
+b = [v + 311 * ((3 * i) % 4) - 400 for i, v in enumerate(a)]
+pairs = {"a_ns": a, "b_ns": b}
+json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params,
+           "noise_floor": {"samples": pairs},
+           "comparisons": [{"variant": "probe", "baseline": "base", "samples": pairs,
+                            "accuracy": {"max_abs_error": 0.0, "scale": 1.0}}]},
           open(os.environ["AUTOPILOT_RESULT"], "w"))
 '''
 

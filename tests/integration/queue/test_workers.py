@@ -63,11 +63,13 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
     job_id = submit(stores, workers, repo, sleep_s=0.05)
     done = wait_for(lambda: finished(stores, job_id), timeout=120)
     assert done.state == "succeeded", (done.error, workers.logs())
-    assert done.result == {
+    assert done.result is not None
+    assert {k: done.result[k] for k in ("status", "experiment", "parameters")} == {
         "status": "ok",
         "experiment": "probe",
         "parameters": {"sleep_s": 0.05, "grandchild": 0},
     }
+    assert done.result["comparisons"][0]["samples"]["a_ns"]  # the raw report, kept as it came
     assert done.attempts == 1 and done.first_line_at is not None
     assert len(runs(workers, job_id)) == 1
     with stores.ops_session() as session:
