@@ -71,5 +71,3 @@ def canary_env(canary: str) -> dict[str, str]:
         "AUTOPILOT_CANARY_SECRET": canary,
         "HOSTILE_CANARY": canary,
     }
-
-

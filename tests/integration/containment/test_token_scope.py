@@ -104,9 +104,7 @@ def _handler(
 
 
 @contextlib.contextmanager
-def http_server(
-    host: str = "127.0.0.1", **kwargs: object
-) -> Iterator[tuple[str, Recorder]]:
+def http_server(host: str = "127.0.0.1", **kwargs: object) -> Iterator[tuple[str, Recorder]]:
     recorder = Recorder()
     server = ThreadingHTTPServer((host, 0), _handler(recorder, **kwargs))  # type: ignore[arg-type]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
