@@ -182,10 +182,12 @@ def control_auth(settings: Settings, url: str) -> dict[str, str]:
     base = settings.control_url.rstrip("/") + "/"
     if not token or not url.startswith(base):
         return {}
-    return {
-        "GIT_CONFIG_COUNT": "1",
+    return {  # no redirect: git would send the header on to the new host
+        "GIT_CONFIG_COUNT": "2",
         "GIT_CONFIG_KEY_0": f"http.{base}.extraHeader",
         "GIT_CONFIG_VALUE_0": f"Authorization: Bearer {token}",
+        "GIT_CONFIG_KEY_1": f"http.{base}.followRedirects",
+        "GIT_CONFIG_VALUE_1": "false",
     }
 
 

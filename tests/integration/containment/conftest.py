@@ -1,0 +1,73 @@
+"""Hostile-agent fixtures: the sandbox really on, a canary secret in the service's environment,
+and a state dir outside /tmp (inside a sandbox /tmp is a private tmpfs, so a path under it
+would hide a write that reached the host's real path)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app import sandbox
+from app.settings import Settings
+from tests.conftest import REQUIRE_SERVICES, Backend
+from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used here too
+    broker_url,
+    queue_settings,
+    shared_venv_root,
+    workers,
+)
+
+
+@pytest.fixture(autouse=True)
+def sandbox_on() -> None:
+    reason = sandbox.check()
+    if reason and not REQUIRE_SERVICES:
+        pytest.skip(f"the sandbox is not available here: {reason}")
+    assert reason is None, reason
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A host directory outside /tmp, removed afterwards."""
+    root = Path("/var/tmp") / f"autopilot-hostile-{uuid.uuid4().hex[:12]}"  # noqa: S108
+    root.mkdir(parents=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(backend: Backend, outside: Path) -> Settings:
+    """The state dir (and the SQLite stores, as by default) under `outside`."""
+    state = outside / "state"
+    update = {}
+    if backend.name == "sqlite":
+        update = {
+            "memory_url": f"sqlite:///{state / 'memory.db'}",
+            "ops_url": f"sqlite:///{state / 'ops.db'}",
+        }
+    state.mkdir()
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        state_dir=state,
+        memory_url=update.get("memory_url", backend.memory_url),
+        ops_url=update.get("ops_url", backend.ops_url),
+    )
+
+
+@pytest.fixture
+def canary() -> str:
+    return f"CANARY-{uuid.uuid4().hex}"
+
+
+def canary_env(canary: str) -> dict[str, str]:
+    """What the worker processes get on top of their settings: the canary as the GitHub token,
+    as a service variable and as a plain variable."""
+    return {
+        "AUTOPILOT_GITHUB_TOKEN": canary,
+        "AUTOPILOT_CANARY_SECRET": canary,
+        "HOSTILE_CANARY": canary,
+    }
