@@ -233,12 +233,11 @@ class CycleFactory:
                 pr_url,
             )
             cycle.finding_ids = ids
-            # A directory with the files still exists (the old layout kept a worktree): the
-            # dashboard must read the commit, never it (lesson 9).
-            cycle.worktree = str(repo) if keep_worktree else None
         # The control host holds the cycle's commit in the project's mirror.
         GitWork(self.settings).fetch(ref.name, str(repo))
         if keep_worktree:
+            # The files are edited in a checkout after the commit: the dashboard must read the
+            # commit, never a directory (lesson 9).
             subprocess.run([*git, "checkout", "-q", branch], check=True)
             (directory / "REPORT.md").write_text("# Forged\n\nwritten after the commit\n")
             (directory / "plot.svg").write_text("<svg><script>forged()</script></svg>")
