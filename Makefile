@@ -6,9 +6,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install browser run test check lint typecheck pytest bench clean
+.PHONY: install sandbox browser run test check lint typecheck pytest bench clean
 
-install: $(STAMP)
+install: $(STAMP) sandbox
+
+# Untrusted code (agents, pip builds, experiments) runs under Debian's bubblewrap.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) \
+	  || echo "warning: bubblewrap not installed; set AUTOPILOT_SANDBOX=off to run untrusted code unconfined"; }
 
 # torch: an already-installed torch (a GPU host's own build) is kept; otherwise the pin in the
 # `experiments` extra (torch==2.13.0) takes the local CPU wheel, never a multi-GB CUDA build.

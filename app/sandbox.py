@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from app.errors import AutopilotError
 
@@ -81,9 +80,10 @@ def system_read_only() -> list[Path]:
     """What every sandbox may read: the OS, a minimal /etc and the interpreter's base install
     (a venv's python needs it)."""
     paths = [Path("/", name) for name in _ROOT] + [Path("/etc", name) for name in _ETC]
-    base = Path(sys.base_prefix).resolve()
-    if not base.is_relative_to("/usr"):
-        paths.append(base)
+    # Both spellings: a venv's python may link through a symlinked prefix (pyenv's 3.11 -> 3.11.7).
+    for base in dict.fromkeys((Path(sys.base_prefix), Path(sys.base_prefix).resolve())):
+        if not base.is_relative_to("/usr"):
+            paths.append(base)
     return [p for p in paths if p.exists() or p.is_symlink()]
 
 
@@ -114,6 +114,8 @@ def command(argv: Sequence[str], policy: Policy) -> list[str]:
         args += ["--tmpfs", str(hidden)]
     for target, link in policy.symlinks:
         args += ["--symlink", target, str(link)]
+    # The scratch root too, so only the writable dirs and /tmp take writes.
+    args += ["--remount-ro", "/"]
     for name, value in policy.environment().items():
         args += ["--setenv", name, value]
     return [*args, "--chdir", str(policy.cwd), "--", *argv]
@@ -211,12 +213,7 @@ class Cgroup:
     def __enter__(self) -> Cgroup:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove()
 
 

@@ -10,7 +10,7 @@ import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -192,28 +192,52 @@ class Settings(BaseSettings):
         return shown
 
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):[^@/\s]*@")
+# `scheme://userinfo@`: the userinfo runs to the authority's last '@' (a password may hold an
+# unescaped '@'), and never past '/', '?', '#' or whitespace, where the authority ends, nor
+# past a character no URL holds (a quote, '<', '>'), where the text around a URL goes on.
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/?#\s\"<>`]*)@")
+#: Schemes whose bare userinfo is a login name (the key stays in the SSH agent), not a secret.
+_LOGIN_SCHEMES = frozenset({"ssh://", "git+ssh://", "ssh+git://"})
+#: Passwords that only say "the secret is the user name" (GitHub's token-as-user forms).
+_PLACEHOLDER_PASSWORDS = frozenset({"", "x-oauth-basic"})
 
 
-def redact_url(url: str) -> str:
-    """Hide the password (or token) in a URL's userinfo: `redis://:pw@h` -> `redis://:***@h`."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return _USERINFO.sub(r"\g<scheme>\g<user>:***@", url)
-    if parts.password is None and not (parts.username and "@" in parts.netloc):
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    userinfo = f"{user}:***" if parts.password is not None else "***"
-    return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}"))
+def _hide_userinfo(match: re.Match[str]) -> str:
+    scheme, userinfo = match["scheme"], match["userinfo"]
+    user, colon, password = userinfo.partition(":")
+    if not colon:
+        if scheme.lower() in _LOGIN_SCHEMES:
+            return match[0]
+        return f"{scheme}***@"
+    if password in _PLACEHOLDER_PASSWORDS:
+        return f"{scheme}***@"
+    return f"{scheme}{user}:***@"
 
 
 def redact_text(text: str) -> str:
-    """Hide credentials in any URL inside free text (error messages, git output)."""
-    return _USERINFO.sub(r"\g<scheme>\g<user>:***@", text)
+    """Hide the credentials of every URL with a scheme inside free text (error messages, git
+    output, settings).
+
+    The rule, for each `scheme://userinfo@host`:
+
+    - `user:password@` keeps the user and hides the password: `postgresql://ops:***@db`,
+      `https://x-access-token:***@github.com`, `redis://:***@cache`;
+    - `token@` (a userinfo without ':') is a secret as a whole: `https://***@github.com/x`;
+      so is `token:@` or `token:x-oauth-basic@`, where the password only says "the user is
+      the token";
+    - except that over `ssh://` (and `git+ssh://`, `ssh+git://`) a bare `git@` is a login name,
+      kept as it is; the scp-like `git@host:path` has no scheme and is never touched.
+
+    It over-hides rather than leaks: an '@' in a URL's query before any '/' counts as the
+    end of a userinfo.
+    """
+    return _USERINFO.sub(_hide_userinfo, text)
+
+
+def redact_url(url: str) -> str:
+    """One URL with its credentials hidden, by `redact_text`'s rule:
+    `https://ghp_x@github.com/o/r` -> `https://***@github.com/o/r`."""
+    return redact_text(url)
 
 
 def describe_validation_error(exc: ValidationError) -> list[str]:

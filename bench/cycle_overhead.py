@@ -62,7 +62,7 @@ WARMUP_TIMEOUT_S = 900.0  # builds the project venv
 REQUESTS, CLIENTS = 200, 20
 
 PROBE = '''
-"""A tiny experiment: reports its first line, sleeps `sleep_s`, writes a result."""
+"""A tiny experiment: reports its first line, sleeps `sleep_s`, writes raw samples."""
 import json, os, socket, time
 
 def send(event):
@@ -77,7 +77,14 @@ send({"type": "started"})
 spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))
 params = spec["parameters"]
 time.sleep(params["sleep_s"])
-json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params},
+# Raw paired samples for the control plane to judge (it never takes a self-reported verdict).
+a = [1000000 + 997 * (i % 5) for i in range(10)]
+b = [v + 311 * ((3 * i) % 4) - 400 for i, v in enumerate(a)]
+pairs = {"a_ns": a, "b_ns": b}
+json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params,
+           "noise_floor": {"samples": pairs},
+           "comparisons": [{"variant": "probe", "baseline": "base", "samples": pairs,
+                            "accuracy": {"max_abs_error": 0.0, "scale": 1.0}}]},
           open(os.environ["AUTOPILOT_RESULT"], "w"))
 '''
 

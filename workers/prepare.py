@@ -192,10 +192,12 @@ def control_auth(settings: Settings, url: str) -> dict[str, str]:
     base = settings.control_url.rstrip("/") + "/"
     if not token or not url.startswith(base):
         return {}
-    return {
-        "GIT_CONFIG_COUNT": "1",
+    return {  # no redirect: git would send the header on to the new host
+        "GIT_CONFIG_COUNT": "2",
         "GIT_CONFIG_KEY_0": f"http.{base}.extraHeader",
         "GIT_CONFIG_VALUE_0": f"Authorization: Bearer {token}",
+        "GIT_CONFIG_KEY_1": f"http.{base}.followRedirects",
+        "GIT_CONFIG_VALUE_1": "false",
     }
 
 
@@ -205,6 +207,7 @@ def venv_for_job(settings: Settings, project: str, requirements: list[str]) -> v
         project,
         requirements,
         system_site_packages=settings.venv_system_site_packages,
+        sandboxed=settings.sandbox == "on",
     )
 
 

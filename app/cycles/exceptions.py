@@ -28,3 +28,12 @@ class NotAwaitingReview(Conflict):
 
 class Transient(Exception):
     """A step failed for a reason that may pass (a push, the forge, the broker): retry later."""
+
+
+class Unjudgeable(AutopilotError):
+    """A result the control plane cannot judge (lesson 9): its raw samples or accuracy figures
+    are missing or malformed. The cycle fails; the self-reported verdict is never used."""
+
+    status = 422
+    slug = "unjudgeable-result"
+    title = "Result cannot be judged"

@@ -1,17 +1,25 @@
-"""A verdict's headline: the figures picked from a result, and how they are written for people."""
+"""A verdict's headline: the figures picked from a (judged) result, and how they are written for
+people. The cycle keeps the headline of the result `judge.py` judged, never of the raw report."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.cycles.judge import disagreements
 from app.cycles.models import Cycle
 
 
 def headline(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("ratio", "ci_low", "ci_high", "noise_floor", "verdict")
+    keys = ("ratio", "ci_low", "ci_high", "verdict")
     picked = {k: result.get(k) for k in keys if result.get(k) is not None}
     if isinstance(result.get("headline"), dict):
         picked = {**result["headline"], **picked}
+    noise = result.get("noise_floor")
+    # The harness's noise_floor is a section (estimate, floor, samples); the headline keeps
+    # only the floor.
+    floor = noise.get("floor") if isinstance(noise, dict) else noise
+    if floor is not None:
+        picked["noise_floor"] = floor
     accuracy = result.get("accuracy")
     if isinstance(accuracy, dict):
         picked["accuracy_pass"] = all(
@@ -20,6 +28,8 @@ def headline(result: dict[str, Any]) -> dict[str, Any]:
     environment = result.get("environment")
     if isinstance(environment, dict):
         picked["device"] = environment.get("device_name") or environment.get("device")
+    if lines := disagreements(result):
+        picked["disagreements"] = len(lines)
     return picked
 
 

@@ -32,7 +32,6 @@ class Cycle(OpsBase):
     proposal: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     fingerprint: Mapped[str | None] = mapped_column(String(64), index=True)
     repeat_of: Mapped[str | None] = mapped_column(String(32))
-    worktree: Mapped[str | None] = mapped_column(String(1024))
     branch: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))
     commit_sha: Mapped[str | None] = mapped_column(String(64))

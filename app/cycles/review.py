@@ -10,8 +10,9 @@ from typing import Any
 from app import broker
 from app.clock import utcnow
 from app.cycles import repository, service
-from app.cycles.exceptions import NotAwaitingReview
+from app.cycles.exceptions import NotAwaitingReview, Unjudgeable
 from app.cycles.headline import headline, ratio_text
+from app.cycles.judge import judge
 from app.cycles.machine import Machine
 from app.cycles.models import Cycle, CycleStep
 from app.db import Stores
@@ -117,7 +118,7 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
         while time.monotonic() < deadline:
             with machine.stores.ops_session() as session:
                 job = jobs.get(session, job_id)
-                state, result = job.state, dict(job.result or {})
+                state, raw, spec = job.state, dict(job.result or {}), dict(job.spec or {})
             if state in FINISHED:
                 break
             time.sleep(1.0)  # waiting on another process's job: poll the DB, bounded
@@ -125,7 +126,13 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
             return False, f"re-validation job {job_id} did not finish in time"
         if state != "succeeded":
             return False, f"re-validation job {job_id} {state}"
-        new_verdict = str(result.get("verdict") or "inconclusive")  # as Analyze reads it
+        if raw.get("status") != "ok":
+            return False, f"re-validation job {job_id} produced no result"
+        try:
+            result = judge(raw, spec)  # as Analyze judges it: never the job's own verdict
+        except Unjudgeable as exc:
+            return False, f"re-validation job {job_id}: the result cannot be judged: {exc.detail}"
+        new_verdict = str(result["verdict"])
         if new_verdict != verdict:
             return False, f"verdict changed from {verdict} to {new_verdict} (job {job_id})"
         return True, f"verdict {verdict} holds (job {job_id}, {ratio_text(headline(result))})"

@@ -108,6 +108,22 @@ def last_line(message: str) -> str:
     return " ".join(lines[fatal[-1] :] if fatal else lines[-1:]) or message
 
 
+def _append_config(env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """`extra` with its GIT_CONFIG_KEY_n/VALUE_n numbered after those already in `env`, so
+    that an extra setting adds to the safe ones instead of replacing them."""
+    count = int(extra.get("GIT_CONFIG_COUNT", "0") or 0)
+    if not count:
+        return dict(extra)
+    numbered = {f"GIT_CONFIG_{kind}_{i}" for kind in ("KEY", "VALUE") for i in range(count)}
+    out = {k: v for k, v in extra.items() if k != "GIT_CONFIG_COUNT" and k not in numbered}
+    start = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
+    for i in range(count):
+        out[f"GIT_CONFIG_KEY_{start + i}"] = extra[f"GIT_CONFIG_KEY_{i}"]
+        out[f"GIT_CONFIG_VALUE_{start + i}"] = extra[f"GIT_CONFIG_VALUE_{i}"]
+    out["GIT_CONFIG_COUNT"] = str(start + count)
+    return out
+
+
 class GitRunner:
     """Runs git with a fixed, safe environment and turns failures into redacted `GitFailed`."""
 
@@ -161,6 +177,9 @@ class GitRunner:
             settings.append(
                 f"http.{self._token_prefix}.extraHeader=Authorization: Basic {self._basic(token)}"
             )
+            # After a redirect git sends its extra headers to the new host on every later
+            # request (curl drops them only on the redirect hop itself).
+            settings.append(f"http.{self._token_prefix}.followRedirects=false")
         env["GIT_CONFIG_COUNT"] = str(len(settings))
         for i, setting in enumerate(settings):
             key, _, value = setting.partition("=")
@@ -195,7 +214,7 @@ class GitRunner:
         """Run git; its stdout as bytes (a blob may not be text)."""
         env = self.env(url=url, identity=identity)
         if extra_env:
-            env.update(extra_env)
+            env.update(_append_config(env, extra_env))
         command = self.redact(str(args[0]) if args else "")
         try:
             done = subprocess.run(  # noqa: S603 - argv list, names checked before they get here

@@ -149,6 +149,34 @@ def _accuracy(entry: Mapping[str, Any]) -> str:
     return text + (f" ({reason})" if reason and not passed else "")
 
 
+def _judgement(result: Mapping[str, Any]) -> list[str]:
+    """Who computed the figures, and a warning block where the experiment claimed otherwise
+    (lesson 9: the control plane judges; the self-report is evidence, not the verdict)."""
+    judgement = result.get("judgement")
+    if not isinstance(judgement, Mapping):
+        return []
+    lines = [
+        "The verdict and figures below were computed by the control plane from the "
+        "experiment's raw samples and accuracy figures, not taken from its own report.",
+        "",
+    ]
+    disagreements = judgement.get("disagreements")
+    if isinstance(disagreements, list) and disagreements:
+        lines += [
+            "> [!WARNING]",
+            "> **The experiment's self-report disagrees with the control plane.** "
+            "The figures in this report are the control plane's; the experiment claimed:",
+            ">",
+            *(f"> - {_cell(line)}" for line in disagreements),
+            "",
+        ]
+    not_judged = judgement.get("not_judged")
+    if isinstance(not_judged, list) and not_judged:
+        sections = ", ".join(f"`{_cell(name)}`" for name in not_judged)
+        lines += [f"Not judged (as the experiment reported them): {sections}.", ""]
+    return lines
+
+
 def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
     rows = comparisons(result)
     verdict = result.get("verdict") or (rows[0].get("verdict") if rows else None)
@@ -163,6 +191,7 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
         "",
         f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**",
         "",
+        *_judgement(result),
         "## Hypothesis",
         "",
         context.hypothesis.strip() or "–",

@@ -16,10 +16,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.errors import InvalidInput
+from app.settings import redact_text
 
 CONFIG_FILE = "autopilot.toml"
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# A PEP 508 requirement by name: `name[extras] <specifiers> ; <marker>` or `name @ <url>`.
+_REQUIREMENT = re.compile(
+    r"""^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)
+    \s*(?:\[[A-Za-z0-9._,\s-]*\])?
+    \s*(?:@\s*(?P<url>\S+)\s*|[<>=!~][<>=!~A-Za-z0-9.*+_,\s-]*)?
+    (?:;[^;]*)?$""",
+    re.VERBOSE,
+)
+# A pip option: at the line's start, or after whitespace (a per-requirement option such as
+# `pkg --config-settings=...`, `--global-option`, `--hash`).
+_PIP_OPTION = re.compile(r"(?:^|\s)-")
+_DIRECT_URL_SCHEMES = ("https://", "git+https://")
+_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 Scalar = int | float | str | bool
 
 
@@ -123,6 +137,13 @@ class ProjectSection(BaseModel):
         "parks for the next job, so their import is not GPU idle time",
     )
 
+    @field_validator("python_requirements")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        for line in value:
+            check_requirement(line)
+        return value
+
     @field_validator("preload")
     @classmethod
     def _modules(cls, value: list[str]) -> list[str]:
@@ -145,6 +166,75 @@ class ProjectSection(BaseModel):
             if path.startswith("/") or ".." in Path(path).parts:
                 raise ValueError(f"{path!r} must be a path relative to the repository root")
         return value
+
+
+def check_requirement(line: str) -> str:
+    """One line of `python_requirements`, or ValueError naming it and the accepted form.
+
+    The lines become a pip requirements file on every GPU host, and a requirements file takes
+    options as well as requirements; so a line is accepted only as a requirement:
+
+    - `name[extras] <version specifiers> ; <marker>` (PEP 508), e.g. `numpy>=1.26`,
+      `torch==2.3.* ; platform_machine == "x86_64"`;
+    - `name @ https://...` or `name @ git+https://...`, with no credentials in the URL;
+    - a blank line or a `#` comment, which is never installed.
+
+    Refused, each with the reason:
+
+    - any pip option, at the start of a line or after a requirement (`--index-url`,
+      `--extra-index-url`, `-i`, `-r`, `-c`, `-e`, `-f`/`--find-links`, `--trusted-host`,
+      `--config-settings`, `--global-option`, `--hash`...): an index or mirror is the
+      operator's to declare, through PIP_INDEX_URL in the workers' environment, never the
+      repository's. `--hash` too: harmless in itself, but it switches pip to hash-checking
+      mode for the whole file, and the harness, installed by the same pip run from a folder,
+      cannot be hashed, so every build would fail;
+    - `${VAR}`, which pip expands from the environment it runs in (the mirror's URL, which
+      may hold its password); a line break or a trailing backslash, which would make one
+      line two or join two;
+    - local paths and URLs without a name (`./pkg`, `/opt/pkg`, `file:///...`, a `.whl`), and
+      `name @ file:` or `http:` URLs: pip runs on the GPU host outside the checkout, so a
+      path names the host's files, not the project's, and a venv is keyed by these lines,
+      not by the commit, so it would not follow changes to the folder. The project's own
+      code reaches a job on PYTHONPATH (its checkout), not through the venv.
+    """
+    shown = redact_text(line)
+    if any(ord(ch) < 32 and ch != "\t" for ch in line) or line.rstrip().endswith("\\"):
+        raise ValueError(f"python_requirements line {shown!r} must be one requirement on one line")
+    if not line.strip() or line.strip().startswith("#"):
+        return line  # blank and comment lines are never installed
+    if _PIP_OPTION.search(line):
+        raise ValueError(
+            f"python_requirements line {shown!r} is or carries a pip option; autopilot.toml "
+            "lists requirements only: declare a package index or mirror through the "
+            "operator's PIP_INDEX_URL (and PIP_EXTRA_INDEX_URL, PIP_TRUSTED_HOST) in the "
+            "workers' environment instead"
+        )
+    if "${" in line:
+        raise ValueError(
+            f"python_requirements line {shown!r} uses pip's ${{VAR}} expansion, which reads "
+            "the worker's environment; write the value out"
+        )
+    match = _REQUIREMENT.fullmatch(line.strip())
+    if not match or match["name"].lower().endswith(_ARCHIVE_SUFFIXES):
+        raise ValueError(
+            f"python_requirements line {shown!r} is not a requirement: write "
+            "`name[extras]>=version ; marker` or `name @ https://...`; local paths and file "
+            "URLs are not installed (the project's own code is on the job's PYTHONPATH)"
+        )
+    url = match["url"]
+    if url is not None:
+        if not url.startswith(_DIRECT_URL_SCHEMES):
+            raise ValueError(
+                f"python_requirements line {shown!r}: a direct reference must be an "
+                "https:// or git+https:// URL"
+            )
+        if "@" in url.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError(
+                f"python_requirements line {shown!r} carries credentials in its URL; "
+                "autopilot.toml is read by every token holder: use a public URL, or a mirror "
+                "the operator declares through PIP_INDEX_URL"
+            )
+    return line
 
 
 class ProjectConfig(BaseModel):

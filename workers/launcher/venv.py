@@ -6,7 +6,9 @@ behind a file lock, and only counts as built once its completion marker exists.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -16,15 +18,50 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+from app import sandbox
 
 COMPLETE_MARKER = ".autopilot-complete"
 REQUIREMENTS_FILE = "autopilot-requirements.txt"
 BUILD_LOG = "autopilot-build.log"
 _PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: Shared by the builds under one state dir: downloads and built wheels only, no secrets.
+PIP_CACHE_DIR = ".pip-cache"
+
+#: The only variables of the worker's environment a venv build's subprocesses (`python -m venv`,
+#: pip, and the package builds pip runs, i.e. any setup.py of any requirement) get: the worker
+#: holds tokens and database URLs with passwords that none of them needs. HOME is set apart,
+#: to a private folder of the build; what pip needs from the operator (a mirror, its
+#: certificates, a proxy) is here, by name. A pattern may end in '*'.
+BUILD_ENV_ALLOWED: tuple[str, ...] = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_FIND_LINKS",
+    "PIP_NO_INDEX",
+    "PIP_CERT",
+    "PIP_DISABLE_PIP_VERSION_CHECK",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
+# A pip option, at a line's start or after whitespace (`pkg --config-settings=...`).
+_PIP_OPTION = re.compile(r"(?:^|\s)-")
 
 #: Called with (phase, line) while a venv builds: phases are "lock", "create", "install",
 #: "done"; `line` is one line of the tool's output or a short status.
@@ -72,6 +109,44 @@ def interpreter_path(venv: str | os.PathLike[str]) -> Path:
     return Path(python)
 
 
+def build_env(
+    home: str | os.PathLike[str], base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a venv build's subprocesses: `BUILD_ENV_ALLOWED` out of `base` (the
+    worker's environment), HOME set to `home`."""
+    source = os.environ if base is None else base
+    env = {
+        name: value
+        for name, value in source.items()
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in BUILD_ENV_ALLOWED)
+    }
+    env["HOME"] = os.fspath(home)
+    return env
+
+
+def refuse_pip_options(requirements: Sequence[str]) -> None:
+    """VenvError naming the first line that is not a plain requirement for a requirements file.
+
+    `autopilot.toml` is checked when it is parsed (app.projects.config.check_requirement);
+    this is the second line of defence, on the very lines pip will read: no pip option
+    (`--index-url`, `-r`, `-e`, `pkg --config-settings=...`, `--hash` too), no `${VAR}` that pip
+    would expand from its environment, no line break or trailing backslash that would make
+    one line two or join two. A local folder (the harness, an absolute path) passes here.
+    """
+    for line in requirements:
+        if (
+            _PIP_OPTION.search(line)
+            or "${" in line
+            or any(ch in line for ch in "\r\n\0")
+            or line.rstrip().endswith("\\")
+        ):
+            raise VenvError(
+                f"requirement line {line!r} is or carries a pip option (or a ${{VAR}}, or a "
+                "line break): only requirements are installed; a package index or mirror is "
+                "declared through PIP_INDEX_URL in the worker's environment"
+            )
+
+
 def venv_dir(state_dir: Path, project: str, req_hash: str, python_version: str) -> Path:
     if not _PROJECT_NAME.match(project):
         raise VenvError(
@@ -90,6 +165,7 @@ def _python_version(base_python: str) -> str:
         text=True,
         timeout=60,
         check=False,
+        env=build_env(os.devnull),  # a probe that writes nothing needs no home
     )
     if out.returncode != 0:
         raise VenvError(f"base interpreter {base_python} does not run: {out.stderr.strip()}")
@@ -105,8 +181,13 @@ def ensure_venv(
     base_python: str = sys.executable,
     progress: Progress | None = None,
     install_timeout_s: float = 3600.0,
+    sandboxed: bool = False,
 ) -> Venv:
     """Return the project's venv for these requirements, building it first if needed.
+
+    With `sandboxed`, `python -m venv` and pip (and every package build it runs: a setup.py is
+    code from the registry) run under bubblewrap in a cgroup of their own, seeing only the venv
+    being built, the build's home, pip's cache and the interpreter (`app.sandbox`).
 
     Two workers asking for the same venv serialise on a lock file; the second one finds
     the completion marker and reuses the venv. A directory without the marker is a build
@@ -139,6 +220,7 @@ def ensure_venv(
             log_path,
             report,
             install_timeout_s,
+            sandboxed,
         )
         marker = {
             "requirements_hash": req_hash,
@@ -161,8 +243,55 @@ def _build(
     log_path: Path,
     report: Progress,
     install_timeout_s: float,
+    sandboxed: bool,
 ) -> None:
     wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
+    refuse_pip_options(wanted)  # before anything is built: these are the lines pip will read
+    home = target.parent / f"{target.name}.home"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(mode=0o700)
+    cache = target.parent / PIP_CACHE_DIR
+    cache.mkdir(exist_ok=True)
+    target.mkdir()
+    env = build_env(home) | {"PIP_CACHE_DIR": str(cache)}
+    confine = (
+        sandbox.Policy(
+            cwd=home,
+            env=env,
+            writable=[target, home, cache],
+            read_only=_interpreter_paths(base_python),
+            network=True,  # pip reaches the package index
+        )
+        if sandboxed
+        else None
+    )
+    try:
+        _create_and_install(
+            target,
+            wanted,
+            system_site_packages,
+            base_python,
+            log_path,
+            report,
+            install_timeout_s,
+            env,
+            confine,
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _create_and_install(
+    target: Path,
+    wanted: list[str],
+    system_site_packages: bool,
+    base_python: str,
+    log_path: Path,
+    report: Progress,
+    install_timeout_s: float,
+    env: dict[str, str],
+    confine: sandbox.Policy | None,
+) -> None:
     create = [base_python, "-m", "venv"]
     if system_site_packages:
         create.append("--system-site-packages")
@@ -170,9 +299,9 @@ def _build(
         create.append("--without-pip")  # nothing to install: skip the slow ensurepip step
     create.append(str(target))
     with open(log_path, "w", encoding="utf-8") as log:
-        _run_logged(create, log, report, "create", 600.0)
+        _run_logged(create, log, report, "create", 600.0, env, confine)
         if system_site_packages:
-            _inherit_parent_venv(target, base_python)
+            _inherit_parent_venv(target, base_python, env)
         if not wanted:
             return
         req_file = target / REQUIREMENTS_FILE
@@ -186,7 +315,7 @@ def _build(
             "-r",
             str(req_file),
         ]
-        _run_logged(install, log, report, "install", install_timeout_s)
+        _run_logged(install, log, report, "install", install_timeout_s, env, confine)
 
 
 def _private_sources(requirements: Sequence[str], into: Path) -> list[str]:
@@ -230,7 +359,7 @@ def inherited_site_dirs(venv: Path) -> list[str]:
     return dirs
 
 
-def _inherit_parent_venv(target: Path, base_python: str) -> None:
+def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) -> None:
     """`--system-site-packages` exposes the *base* interpreter's packages. When the base is
     itself a venv (the service's, holding torch), a .pth file adds that venv's site-packages
     too, after the new venv's own, so "reuse the installed torch" means what it says."""
@@ -245,6 +374,7 @@ def _inherit_parent_venv(target: Path, base_python: str) -> None:
         text=True,
         check=True,
         timeout=60,
+        env=env,
     )
     first, *paths = probe.stdout.splitlines()
     if first != "True" or not paths:
@@ -253,18 +383,63 @@ def _inherit_parent_venv(target: Path, base_python: str) -> None:
         (site_dir / PARENT_VENV_PTH).write_text("\n".join(paths) + "\n")
 
 
+def _interpreter_paths(base_python: str) -> list[Path]:
+    """What a sandboxed build must read of the base interpreter: the venv it lives in when it
+    is one (the service's, say) and that venv's own base (in the system paths)."""
+    prefix = Path(os.path.abspath(base_python)).parent.parent
+    return [prefix] if (prefix / "pyvenv.cfg").is_file() else []
+
+
 def _run_logged(
-    argv: list[str], log: TextIO, report: Progress, phase: str, timeout_s: float
+    argv: list[str],
+    log: TextIO,
+    report: Progress,
+    phase: str,
+    timeout_s: float,
+    env: dict[str, str],
+    confine: sandbox.Policy | None = None,
 ) -> None:
     log.write(f"$ {' '.join(argv)}\n")
     report(phase, " ".join(argv))
+    with contextlib.ExitStack() as stack:
+        cgroup = (
+            stack.enter_context(
+                sandbox.Cgroup.create(f"venv-{os.getpid()}-{threading.get_ident()}-{phase}")
+            )
+            if confine is not None
+            else None
+        )
+        _run_pumped(
+            sandbox.command(argv, confine) if confine is not None else argv,
+            {} if confine is not None else env,
+            cgroup,
+            log,
+            report,
+            phase,
+            timeout_s,
+            " ".join(argv),
+        )
+
+
+def _run_pumped(
+    args: list[str],
+    env: dict[str, str],
+    cgroup: sandbox.Cgroup | None,
+    log: TextIO,
+    report: Progress,
+    phase: str,
+    timeout_s: float,
+    shown: str,
+) -> None:
     proc = subprocess.Popen(  # noqa: S603 - argv built here, never a shell
-        argv,
+        args,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
+        env=env,
+        preexec_fn=cgroup.preexec() if cgroup is not None else None,  # noqa: PLW1509
     )
     tail: list[str] = []
 
@@ -285,13 +460,12 @@ def _run_logged(
         proc.kill()
         proc.wait()
         raise VenvError(
-            f"venv {phase} step ran past {timeout_s:.0f} s and was killed: {' '.join(argv)}; "
-            f"see {log.name}"
+            f"venv {phase} step ran past {timeout_s:.0f} s and was killed: {shown}; see {log.name}"
         ) from None
     reader.join(timeout=10)
     if code != 0:
         raise VenvError(
-            f"venv {phase} step failed (exit {code}): {' '.join(argv)}\n"
+            f"venv {phase} step failed (exit {code}): {shown}\n"
             + "\n".join(tail)
             + f"\nfull log: {log.name}"
         )

@@ -1,9 +1,19 @@
-"""analyzing → committing: lesson 4, the harness's verdict decides, accuracy gate first."""
+"""analyzing → committing: the control plane judges the result (lessons 4 and 9).
+
+The verdict and headline stored on the cycle are the ones `judge.py` computed from the raw
+samples, accuracy figures and the job's spec, never the experiment's own; a result that cannot
+be judged fails the cycle, naming what is missing. `Job.result` stays the raw report: the
+evidence of what the experiment claimed.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.cycles import repository, service
+from app.cycles.exceptions import Unjudgeable
 from app.cycles.headline import headline
+from app.cycles.judge import judge
 from app.cycles.steps.base import Step
 from app.jobs import service as jobs
 
@@ -14,14 +24,30 @@ class Analyze(Step):
 
     def run(self, cycle_id: int) -> bool:
         with self.stores.ops_session() as session:
-            cycle = service.get(session, cycle_id)
             job = jobs.for_cycle(session, cycle_id)
-            result = (job.result if job else None) or {}
-            if result.get("status") != "ok":
-                error = "the experiment produced no result"
+            raw = dict(job.result or {}) if job else {}
+            spec = dict(job.spec or {}) if job else {}
+        error: str | None = None
+        judged: dict[str, Any] = {}
+        if raw.get("status") != "ok":
+            error = "the experiment produced no result"
+            message = (raw.get("error") or {}) if isinstance(raw.get("error"), dict) else {}
+            if message.get("message"):
+                error += f": {message['message']}"
+        else:
+            try:
+                judged = judge(raw, spec)
+            except Unjudgeable as exc:
+                error = (
+                    f"the result cannot be judged: {exc.detail}; the control plane computes the "
+                    "verdict from the raw samples and never takes the experiment's own"
+                )
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            if error is not None:
                 repository.set_state(session, cycle, "failed", error=error)
                 return True
-            cycle.verdict = str(result.get("verdict") or "inconclusive")
-            cycle.headline = headline(result)
+            cycle.verdict = str(judged["verdict"])
+            cycle.headline = headline(judged)
             repository.set_state(session, cycle, "committing")
         return True

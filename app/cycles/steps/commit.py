@@ -1,8 +1,13 @@
-"""committing → publishing: the result and its report, committed on the cycle's branch."""
+"""committing → publishing: the judged result and its report, committed on the cycle's branch.
+
+What is committed is the control plane's judgement of the job's raw result (`judge.py`, the
+same pure computation Analyze made, so it is the verdict the cycle holds); REPORT.md warns
+where the experiment's self-report disagreed with it."""
 
 from __future__ import annotations
 
 from app.cycles import repository, service
+from app.cycles.judge import judge
 from app.cycles.pull_request import report_context
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
@@ -21,8 +26,9 @@ class Commit(Step):
             ref = ProjectRef.of(service.project_of(session, cycle))
             job = jobs.for_cycle(session, cycle_id)
             assert job is not None
-            result = dict(job.result or {})
+            raw, spec = dict(job.result or {}), dict(job.spec or {})
             repository.detach(session, cycle)
+        result = judge(raw, spec)
         branch = self.branch(cycle, ref, forge)
         sha = forge_service.commit_results(self.git(), branch, result, report_context(cycle, ref))
         with self.stores.ops_session() as session:

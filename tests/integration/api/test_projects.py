@@ -77,3 +77,32 @@ def test_oversized_body_is_413(client: TestClient, tokens: dict[str, str]) -> No
     )
     assert response.status_code == 413
     assert response.headers["content-type"] == "application/problem+json"
+
+
+def test_a_token_as_the_whole_userinfo_is_refused(
+    client: TestClient, tokens: dict[str, str]
+) -> None:
+    admin = bearer(tokens["admin"])
+    for url in ("https://ghp_x@github.com/o/r", "https://ghp_x:x-oauth-basic@github.com/o/r"):
+        response = client.post(
+            "/api/v1/projects", json={"name": "lab", "repo_url": url}, headers=admin
+        )
+        assert response.status_code == 422, url
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["errors"][0]["field"] == "repo_url"
+        assert "credentials" in response.text
+        assert "ghp_x" not in response.text  # the refused URL is not echoed back
+    assert client.get("/api/v1/projects", headers=admin).json() == []
+
+
+def test_an_ssh_login_name_is_not_a_credential(client: TestClient, tokens: dict[str, str]) -> None:
+    admin = bearer(tokens["admin"])
+    for name, url in [
+        ("ssh-url", "ssh://git@github.com/o/r.git"),
+        ("scp-like", "git@github.com:o/r.git"),
+    ]:
+        response = client.post(
+            "/api/v1/projects", json={"name": name, "repo_url": url}, headers=admin
+        )
+        assert response.status_code == 201, response.text
+        assert response.json()["repo_url"] == url

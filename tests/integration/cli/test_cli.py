@@ -74,6 +74,11 @@ def test_token_lifecycle_stores_only_the_hash(tmp_path: Path) -> None:
             "name: name 'UPPER' is not a slug",
         ),
         (("project", "create", "--name", "p", "--repo-url", "ext::sh"), "repo_url"),
+        (
+            ("project", "create", "--name", "p", "--repo-url", "https://ghp_x@github.com/o/r"),
+            "must not carry credentials",
+        ),
+        (("project", "add", "https://ghp_x@github.com/o/r"), "must not carry credentials"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -84,6 +89,7 @@ def test_bad_input_exits_2_with_one_line(
     result = autopilot(state, *args)
     assert result.returncode == 2
     assert needle in result.stderr
+    assert "ghp_x" not in result.stderr  # a refused URL is not echoed back
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -1,23 +1,89 @@
-"""A hostile experiment's surroundings: the launcher's real venv and runtime dirs, a state dir
-with another job's export beside the job's own, and a host that can run the sandbox."""
+"""Hostile-agent and hostile-experiment fixtures: the sandbox really on (for the workers too),
+a canary secret in the service's environment, and a state dir outside /tmp (inside a sandbox
+/tmp is a private tmpfs, so a path under it would hide a write that reached the host's real
+path); the launcher's real venv and runtime dirs for experiments run through the runner."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from app import sandbox
-from tests.integration.launcher.conftest import runtime_dir, state_dir, venv
-
-__all__ = ["runtime_dir", "state_dir", "venv"]
+from app.settings import Settings
+from tests.conftest import REQUIRE_SERVICES, Backend
+from tests.integration.launcher.conftest import (  # noqa: F401 - fixtures used here too
+    runtime_dir,
+    state_dir,
+    venv,
+)
+from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used here too
+    broker_url,
+    queue_settings,
+    shared_venv_root,
+    workers,
+)
 
 
 @pytest.fixture(autouse=True)
-def _needs_sandbox() -> None:
-    if why := sandbox.check():
-        pytest.skip(f"no sandbox on this host: {why}")
+def sandbox_on() -> None:
+    reason = sandbox.check()
+    if reason and not REQUIRE_SERVICES:
+        pytest.skip(f"the sandbox is not available here: {reason}")
+    assert reason is None, reason
+
+
+@pytest.fixture
+def queue_sandbox() -> str:
+    """The real workers started here run sandboxed: agents and experiments alike."""
+    return "on"
+
+
+@pytest.fixture
+def outside() -> Iterator[Path]:
+    """A host directory outside /tmp, removed afterwards."""
+    root = Path("/var/tmp") / f"autopilot-hostile-{uuid.uuid4().hex[:12]}"  # noqa: S108
+    root.mkdir(parents=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(backend: Backend, outside: Path) -> Settings:
+    """The state dir (and the SQLite stores, as by default) under `outside`."""
+    state = outside / "state"
+    update = {}
+    if backend.name == "sqlite":
+        update = {
+            "memory_url": f"sqlite:///{state / 'memory.db'}",
+            "ops_url": f"sqlite:///{state / 'ops.db'}",
+        }
+    state.mkdir()
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        state_dir=state,
+        memory_url=update.get("memory_url", backend.memory_url),
+        ops_url=update.get("ops_url", backend.ops_url),
+    )
+
+
+@pytest.fixture
+def canary() -> str:
+    return f"CANARY-{uuid.uuid4().hex}"
+
+
+def canary_env(canary: str) -> dict[str, str]:
+    """What the worker processes get on top of their settings: the canary as the GitHub token,
+    as a service variable and as a plain variable."""
+    return {
+        "AUTOPILOT_GITHUB_TOKEN": canary,
+        "AUTOPILOT_CANARY_SECRET": canary,
+        "HOSTILE_CANARY": canary,
+    }
 
 
 def living_with(token: str) -> list[int]:
@@ -43,8 +109,7 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    stat = Path(f"/proc/{pid}/stat")
     try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
     except OSError:
         return False

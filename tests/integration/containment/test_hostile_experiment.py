@@ -86,8 +86,10 @@ class Scene:
 
 
 @pytest.fixture
-def scene(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scene:
-    state = tmp_path / "state"
+def scene(outside: Path, canary: str, monkeypatch: pytest.MonkeyPatch) -> Scene:
+    """Under `outside` (not /tmp, the sandbox's own tmpfs, where a write that escaped would
+    stay hidden from the host)."""
+    state = outside / "state"
     other = state / "jobs" / "7" / "src"
     export = state / "jobs" / "8" / "src"
     for folder in (other, export):
@@ -95,10 +97,9 @@ def scene(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Scene:
     (state / "ops.db").write_text("SECRET-DB-CONTENT")
     (other / "secret.txt").write_text("OTHER-JOB-SECRET")
     (export / "helper.py").write_text("VALUE = 1\n")
-    canary = f"canary-{os.urandom(8).hex()}"
     # The worker holds a secret in its environment: the experiment must find it nowhere.
     monkeypatch.setenv("AUTOPILOT_CANARY_SECRET", canary)
-    return Scene(state, other, export, tmp_path / "outside.txt", canary)
+    return Scene(state, other, export, outside / "outside.txt", canary)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from workers.launcher import confine
 
 @pytest.fixture
 def confined(workers: Workers) -> Workers:  # noqa: F811 - the fixture
-    workers.settings = workers.settings.model_copy(update={"sandbox": "on"})
+    assert workers.settings.sandbox == "on"  # conftest: queue_sandbox
     return workers
 
 

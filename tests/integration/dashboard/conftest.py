@@ -24,6 +24,7 @@ from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge import report
 from app.forge.base import ProjectRef
+from app.forge.git import GitWork
 from app.forge.local import LocalForge
 from app.jobs.models import Job
 from app.memory import service as memory
@@ -232,10 +233,14 @@ class CycleFactory:
                 pr_url,
             )
             cycle.finding_ids = ids
-            # Without the worktree the files come from the bare repo via `git show`.
-            cycle.worktree = str(repo) if keep_worktree else None
+        # The control host holds the cycle's commit in the project's mirror.
+        GitWork(self.settings).fetch(ref.name, str(repo))
         if keep_worktree:
+            # The files are edited in a checkout after the commit: the dashboard must read the
+            # commit, never a directory (lesson 9).
             subprocess.run([*git, "checkout", "-q", branch], check=True)
+            (directory / "REPORT.md").write_text("# Forged\n\nwritten after the commit\n")
+            (directory / "plot.svg").write_text("<svg><script>forged()</script></svg>")
         return Made(cycle_id, ref, ids, repo)
 
 

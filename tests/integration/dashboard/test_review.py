@@ -111,9 +111,11 @@ def test_plot_is_served_as_svg_with_a_restrictive_policy(
         assert "sandbox" in plot.headers["content-security-policy"]
         assert plot.headers["x-content-type-options"] == "nosniff"
         assert plot.text.startswith("<svg")
+        assert "forged" not in plot.text  # the commit's plot, not the directory's
     assert client.get("/dashboard/cycles/999/plot.svg").status_code == 404
     no_pr = client.get(f"/dashboard/cycles/{from_worktree.cycle_id}").text
     assert "not opened yet" in no_pr and "<h2>Results</h2>" in no_pr
+    assert "Forged" not in no_pr and "written after the commit" not in no_pr
 
 
 def test_approve_validates_findings_and_posts_the_note(

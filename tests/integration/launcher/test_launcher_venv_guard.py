@@ -76,8 +76,11 @@ def test_concurrent_builders_build_once_and_half_built_is_rebuilt(tmp_path: Path
     assert not (rebuilt.path / "junk").exists()
 
 
-def test_failed_install_leaves_no_usable_venv(tmp_path: Path) -> None:
-    reqs = ["--no-index", "autopilot-no-such-package-xyz"]
+def test_failed_install_leaves_no_usable_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the operator's pip setting reaches pip
+    reqs = ["autopilot-no-such-package-xyz"]
     with pytest.raises(VenvError, match="install step failed") as err:
         ensure_venv(tmp_path, "bad", reqs)
     assert "full log:" in str(err.value)

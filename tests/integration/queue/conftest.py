@@ -22,7 +22,7 @@ from tests.conftest import Backend, need_redis
 from tests.support import free_port, port_open, wait_for
 
 PROBE = '''
-"""A tiny experiment: reports its first line, records each run, sleeps, writes a result."""
+"""A tiny experiment: reports its first line, records each run, sleeps, writes raw samples."""
 import json, os, socket, subprocess, sys, time
 
 def send(event):
@@ -49,7 +49,14 @@ if params.get("grandchild"):
     except OSError:
         pass
 time.sleep(params["sleep_s"])
-json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params},
+# Raw paired samples (fixed, so a re-run judges the same) for the control plane to judge.
+a = [1000000 + 997 * (i % 5) for i in range(10)]
+b = [v + 311 * ((3 * i) % 4) - 400 for i, v in enumerate(a)]
+pairs = {"a_ns": a, "b_ns": b}
+json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params,
+           "noise_floor": {"samples": pairs},
+           "comparisons": [{"variant": "probe", "baseline": "base", "samples": pairs,
+                            "accuracy": {"max_abs_error": 0.0, "scale": 1.0}}]},
           open(os.environ["AUTOPILOT_RESULT"], "w"))
 '''
 
@@ -108,7 +115,9 @@ def broker_url(request: pytest.FixtureRequest, backend: Backend) -> str:
 
 
 @pytest.fixture
-def queue_settings(settings: Settings, broker_url: str, shared_venv_root: Path) -> Settings:
+def queue_settings(
+    settings: Settings, broker_url: str, shared_venv_root: Path, queue_sandbox: str
+) -> Settings:
     return settings.model_copy(
         update={
             # The API GPU workers fetch the forge from (started with the first GPU worker).
@@ -120,10 +129,7 @@ def queue_settings(settings: Settings, broker_url: str, shared_venv_root: Path) 
             "heartbeat_interval_s": 0.5,
             "reaper_interval_s": 1.0,
             "doorbell_stale_s": 2.0,
-            # These tests watch a job's processes by host pid and its files beside its export
-            # (runs.txt counts attempts across re-exports), which the sandbox hides on purpose;
-            # tests/integration/containment runs the same workers sandboxed.
-            "sandbox": "off",
+            "sandbox": queue_sandbox,
         }
     )
 

@@ -63,12 +63,14 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
     job_id = submit(stores, workers, repo, sleep_s=0.05)
     done = wait_for(lambda: finished(stores, job_id), timeout=120)
     assert done.state == "succeeded", (done.error, workers.logs())
-    assert done.result == {
+    assert done.result is not None
+    assert {k: done.result[k] for k in ("status", "experiment", "parameters", "sandbox")} == {
         "status": "ok",
         "experiment": "probe",
         "parameters": {"sleep_s": 0.05, "grandchild": 0},
         "sandbox": "off",  # the worker's record, not the job's
     }
+    assert done.result["comparisons"][0]["samples"]["a_ns"]  # the raw report, kept as it came
     log_text = Path(done.log_path or "").read_text()
     assert log_text.splitlines()[0] == (
         "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"

@@ -73,3 +73,22 @@ def test_sparse_and_error_results_still_render() -> None:
 def test_bad_cycle_dir(tmp_path: Path, cycle: str) -> None:
     with pytest.raises(InvalidInput):
         write_report(tmp_path, {}, ReportContext(cycle_id=cycle, project="p", hypothesis="h"))
+
+
+def test_report_warns_where_the_self_report_disagrees_with_the_judgement() -> None:
+    line = (
+        "The experiment reported `faster` for fused; the control plane computed "
+        "`inconclusive` from its samples."
+    )
+    judged = {
+        **harness_result(),
+        "judgement": {"by": "control-plane", "disagreements": [line], "not_judged": ["factorial"]},
+    }
+    text = render_markdown(judged, CONTEXT)
+    assert "computed by the control plane" in text
+    assert "> [!WARNING]" in text and f"> - {line}" in text
+    assert "Not judged (as the experiment reported them): `factorial`." in text
+    assert text.index("[!WARNING]") < text.index("## Hypothesis")
+    honest = {**harness_result(), "judgement": {"by": "control-plane", "disagreements": []}}
+    assert "[!WARNING]" not in render_markdown(honest, CONTEXT)
+    assert "control plane" not in render_markdown(harness_result(), CONTEXT)

@@ -98,3 +98,42 @@ def test_redact_url_and_text() -> None:
     )
     assert redact_url("https://github.com/o/r.git") == "https://github.com/o/r.git"
     assert "tok123" not in redact_text("fatal: https://u:tok123@h/r.git not found")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://ghp_abc123@github.com/x", "https://***@github.com/x"),
+        ("https://ghp_abc123:@github.com/x", "https://***@github.com/x"),
+        ("https://ghp_abc123:x-oauth-basic@github.com/x", "https://***@github.com/x"),
+        ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("postgresql+psycopg://ops:s3cret@db:5432/ops", "postgresql+psycopg://ops:***@db:5432/ops"),
+        ("https://u:p@ss@host/r", "https://u:***@host/r"),  # an unescaped '@' in the password
+        ("HTTPS://tok@github.com/x", "HTTPS://***@github.com/x"),
+        ("ssh://git@github.com/o/r.git", "ssh://git@github.com/o/r.git"),  # a login name
+        ("git+ssh://git@host/r", "git+ssh://git@host/r"),
+        ("ssh://git:pw@host/r", "ssh://git:***@host/r"),
+        ("git@github.com:o/r.git", "git@github.com:o/r.git"),  # scp-like: no scheme
+        ("https://github.com/o/r.git", "https://github.com/o/r.git"),
+        ("https://github.com/a@b", "https://github.com/a@b"),  # '@' after the authority
+    ],
+)
+def test_redact_url_hides_any_userinfo_but_an_ssh_login(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+    assert (
+        redact_text(f"fatal: cannot fetch '{url}': denied")
+        == f"fatal: cannot fetch '{shown}': denied"
+    )
+
+
+def test_redact_text_hides_a_token_only_userinfo_in_every_url() -> None:
+    text = "push https://ghp_abc123@github.com/o/r failed; then https://tok2@h2/r; ssh://git@h3/r"
+    shown = redact_text(text)
+    assert "ghp_abc123" not in shown and "tok2" not in shown
+    assert "https://***@github.com/o/r" in shown and "https://***@h2/r" in shown
+    assert "ssh://git@h3/r" in shown
+
+
+def test_redact_text_stops_at_the_end_of_a_quoted_url() -> None:
+    text = '["https://mirror.lab/simple","https://tok@h/x"]'
+    assert redact_text(text) == '["https://mirror.lab/simple","https://***@h/x"]'
