@@ -67,8 +67,14 @@ def fetch_commit(
     return mirror, sha
 
 
+def _bytecode(name: str) -> bool:
+    parts = name.split("/")
+    return "__pycache__" in parts or name.endswith((".pyc", ".pyo"))
+
+
 def export(work: GitWork, mirror: Path, sha: str, dest: Path) -> Path:
-    """A clean export of `sha` (its tree, no .git, nothing else) at `dest`, made once."""
+    """A clean export of `sha` (its tree, no .git, no bytecode even where a commit holds some,
+    nothing else) at `dest`, made once."""
     if dest.is_dir():
         return dest
     staging = dest.with_name(f".{dest.name}.partial")
@@ -84,7 +90,9 @@ def export(work: GitWork, mirror: Path, sha: str, dest: Path) -> Path:
     ) as archive:
         assert archive.stdout is not None
         with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:
-            tar.extractall(staging, filter="data")
+            for member in tar:
+                if not _bytecode(member.name):
+                    tar.extract(member, staging, filter="data")
         error = archive.stderr.read().decode(errors="replace") if archive.stderr else ""
     if archive.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)

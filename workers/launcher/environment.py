@@ -140,13 +140,16 @@ def build_child_env(
     pythonpath: Sequence[Path] = (),
     requirements_hash: str | None = None,
     extra: Mapping[str, str] | None = None,
-    pycache_prefix: Path | None = None,
 ) -> dict[str, str]:
     """The complete environment of an experiment process (and of its preflight guard).
 
-    With `pycache_prefix` (a fresh dir of the job's own) no bytecode is written into the tree
-    and none is read from it: a clean run imports the tree's sources, never a `.pyc` an earlier
-    run of other code left beside them (DESIGN.md, "Hosts and boundaries")."""
+    No bytecode is written (`PYTHONDONTWRITEBYTECODE`): the job's tree is a per-job export
+    with no bytecode in it (`forge.mirror.export` leaves it out, and an agent may not commit
+    any), so the job imports the tree's sources, never a `.pyc` another run left beside them.
+    There is deliberately no per-job `PYTHONPYCACHEPREFIX`: an empty prefix hides the stdlib's
+    and the venv's caches too and made every job compile all it imports (`import torch` 2.1 s
+    -> 5.4 s, docs/benchmarks.md); the venv is read-only in the sandbox, so its caches cannot
+    be planted by a job."""
     env = {
         name: value
         for name, value in base_env.items()
@@ -162,9 +165,7 @@ def build_child_env(
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is outside the venv: never on the job's path
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in pythonpath)
-    if pycache_prefix is not None:
-        env["PYTHONPYCACHEPREFIX"] = str(pycache_prefix)
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["TMPDIR"] = str(runtime_dir)
     if cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices

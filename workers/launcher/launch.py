@@ -77,7 +77,6 @@ class LaunchSpec:
             pythonpath=self.pythonpath,
             requirements_hash=self.requirements_hash,
             extra=self.extra_env,
-            pycache_prefix=self.runtime.target / "pycache",
         )
 
     def policy(self) -> sandbox.Policy | None:

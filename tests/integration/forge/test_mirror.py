@@ -167,3 +167,25 @@ def test_a_commit_force_pushed_away_is_refused_when_a_host_fetches_it(
     git(work, "push", "-q", "--force", "served", "autopilot/lab/1-x")
     with pytest.raises(InvalidRef, match=f"{candidate[:12]} is no longer on branch"):
         mirror.fetch_commit(host, "lab", daemon.url("lab.git"), "autopilot/lab/1-x", candidate)
+
+
+def test_an_export_carries_no_bytecode_even_where_a_commit_holds_some(
+    served: tuple[GitDaemon, Path], settings: Settings
+) -> None:
+    daemon, work = served
+    git(work, "checkout", "-q", "-b", "autopilot/lab/2-x")
+    planted = work / "probe" / "__pycache__" / "main.cpython-311.pyc"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(b"planted bytecode")
+    (work / "stray.pyc").write_bytes(b"planted bytecode")
+    git(work, "add", "-f", "probe/__pycache__/main.cpython-311.pyc", "stray.pyc")
+    git(work, "commit", "-qm", "a person committed bytecode on the base")
+    git(work, "push", "-q", "served", "autopilot/lab/2-x")
+    host = GitWork(settings)
+    cache, sha = mirror.fetch_commit(
+        host, "lab", daemon.url("lab.git"), "autopilot/lab/2-x", git(work, "rev-parse", "HEAD")
+    )
+    exported = mirror.export(host, cache, sha, settings.state_dir / "jobs" / "2" / "src")
+    assert (exported / "probe" / "main.py").exists()  # the sources are there
+    assert not (exported / "stray.pyc").exists()
+    assert not list(exported.rglob("__pycache__"))
