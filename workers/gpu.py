@@ -344,6 +344,11 @@ class RunLoop:
                             sandboxed=sandboxed,
                             network=hint.network,
                             workdir=after.workdir,
+                            cgroup_name=(
+                                confine.job_cgroup_name(after.job_id)
+                                if after.job_id != ticket.job_id
+                                else None
+                            ),
                         )
             if kind in ("log", "progress"):
                 log_file.write(f"[{kind}] {event.get('message') or event}\n")

@@ -22,9 +22,12 @@ from workers.launcher.venv import inherited_site_dirs
 
 #: The GPU's device nodes (NVIDIA's and the DRM render nodes), bound when present.
 GPU_DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
-#: The cgroup of a job's processes on its host: named for the job, so that the next worker of
-#: the host finds what a dead worker's job left behind (`Cgroup.create` kills it).
-JOB_CGROUP = "job-{}"
+#: The cgroup of a job's processes on its host: named for the job and for the worker process
+#: that owns it, so that two workers of a host never share one (each may park an interpreter
+#: for the same job in line), and any worker can tell a dead worker's leftovers
+#: (`sweep_orphans`).
+JOB_CGROUP = "job-{}.w{}"
+_OWNER = ".w"
 
 
 def gpu_devices() -> list[Path]:
@@ -33,7 +36,21 @@ def gpu_devices() -> list[Path]:
 
 
 def job_cgroup_name(job_id: int) -> str:
-    return JOB_CGROUP.format(job_id)
+    return JOB_CGROUP.format(job_id, os.getpid())
+
+
+def spare_cgroup_name(runtime_name: str) -> str:
+    return f"spare-{runtime_name}{_OWNER}{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def policy(
@@ -88,16 +105,19 @@ def open_cgroup(name: str, *, required: bool) -> sandbox.Cgroup | None:
         return None
 
 
-def sweep_spare_cgroups() -> None:
-    """Remove the empty cgroups of spares whose worker died (SIGKILL leaves the directory); a
-    live spare's cgroup holds its processes, and an rmdir of it fails."""
+def sweep_orphans() -> None:
+    """Kill and remove the cgroups whose owning worker is dead (SIGKILL leaves them, with any
+    process of its job that detached); a live worker's cgroups are left alone."""
     try:
-        base = sandbox.Cgroup.create("spare-sweep").path.parent
+        base = sandbox.Cgroup.create(f"sweep{_OWNER}{os.getpid()}")
     except sandbox.SandboxUnavailable:
         return
-    for folder in base.glob("spare-*"):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+    base.remove()
+    for folder in base.path.parent.glob(f"*{_OWNER}*"):
+        owner = folder.name.rsplit(_OWNER, 1)[1]
+        if owner.isdigit() and not _alive(int(owner)):
+            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+                sandbox.Cgroup(folder).remove()
 
 
 def move(processes: sandbox.Cgroup, into: sandbox.Cgroup) -> None:

@@ -179,11 +179,11 @@ def run_job(
         if spare is not None and (missed := spare.fits(job)) is not None:
             spare.close()
             spare = None
-        if job.cgroup is not None:
-            try:
-                cgroup = confine.open_cgroup(job.cgroup, required=job.sandboxed)
-            except sandbox.SandboxUnavailable as exc:
-                raise LaunchError(str(exc)) from exc
+        parked_in_it = (
+            spare is not None and spare.cgroup is not None and spare.cgroup.path.name == job.cgroup
+        )
+        if job.cgroup is not None and not parked_in_it:
+            cgroup = _open_cgroup(job)
         env = job.env()
         job.spec_path.write_text(json.dumps(dict(job.spec)))
         with contextlib.suppress(FileNotFoundError):
@@ -199,6 +199,8 @@ def run_job(
                     cgroup = spare.cgroup or cgroup
                 except LaunchError as exc:  # it died just now: start cold instead
                     missed, started = str(exc), time.monotonic()
+                    if cgroup is None and job.cgroup is not None:
+                        cgroup = _open_cgroup(job)
             if proc is None:
                 try:
                     proc = spawn(
@@ -225,6 +227,14 @@ def run_job(
             # Whatever the job left, however it detached, goes with its cgroup.
             with contextlib.suppress(sandbox.SandboxUnavailable):
                 cgroup.remove()
+
+
+def _open_cgroup(job: LaunchSpec) -> sandbox.Cgroup | None:
+    assert job.cgroup is not None
+    try:
+        return confine.open_cgroup(job.cgroup, required=job.sandboxed)
+    except sandbox.SandboxUnavailable as exc:
+        raise LaunchError(str(exc)) from exc
 
 
 def _supervise(

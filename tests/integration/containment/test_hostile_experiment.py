@@ -22,7 +22,7 @@ from workers.launcher.launch import LaunchSpec
 from workers.launcher.runner import Outcome, run_job
 from workers.launcher.runtime import RuntimeDir
 from workers.launcher.spare import Spare
-from workers.launcher.venv import Venv
+from workers.launcher.venv import Venv, inherited_site_dirs
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 
@@ -132,6 +132,12 @@ def _base_install_in_home() -> set[str]:
     return {base.relative_to(home).parts[0]} if base.is_relative_to(home) else set()
 
 
+def _inherited_in(root: Path, venv: Venv) -> set[str]:
+    """The first path part under `root` of each site dir the venv inherits (bound read-only)."""
+    dirs = [Path(d) for d in inherited_site_dirs(venv.path)]
+    return {d.relative_to(root).parts[0] for d in dirs if d.is_relative_to(root)}
+
+
 def files_under(*roots: Path) -> list[Path]:
     return [p for root in roots for p in root.rglob("*") if p.is_file()]
 
@@ -169,8 +175,11 @@ def test_a_hostile_experiment_reaches_nothing_but_its_own_dirs(
 
     # The state dir, another job's export, the service's home and checkout: not there.
     assert "ops.db" not in found["list_state"].get("value", [])
-    for name in ("read_db", "list_other", "read_other", "list_checkout"):
+    for name in ("read_db", "list_other", "read_other"):
         assert not found[name]["ok"], (name, found[name])
+    # Of the checkout, at most the way to the service's venv whose packages the job's venv
+    # inherits (bound read-only; CI's checkout holds its .venv).
+    assert set(found["list_checkout"].get("value", [])) <= _inherited_in(CHECKOUT, venv)
     # Of the home, at most the way to the base interpreter's install (bound read-only).
     assert set(found["list_home"].get("value", [])) <= _base_install_in_home()
     assert "SECRET" not in json.dumps(found)

@@ -23,7 +23,6 @@ from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used by 
 from tests.integration.queue.test_workers import finished, submit
 from tests.support import wait_for
 from workers import prepare
-from workers.launcher import confine
 
 
 @pytest.fixture
@@ -33,7 +32,9 @@ def confined(workers: Workers) -> Workers:  # noqa: F811 - the fixture
 
 
 def job_cgroup(job_id: int) -> Path:
-    return sandbox._cgroup_base() / confine.job_cgroup_name(job_id)
+    """The job's cgroup, made by the worker process that runs it (`job-<id>.w<pid>`)."""
+    found = sorted(sandbox._cgroup_base().glob(f"job-{job_id}.w*"))
+    return found[0] if found else sandbox._cgroup_base() / f"job-{job_id}.w-none"
 
 
 def test_sandboxed_jobs_record_it_and_the_next_runs_in_its_parked_sandbox(
@@ -66,11 +67,10 @@ def test_cancelling_a_sandboxed_job_kills_its_whole_cgroup(
     confined.start("control", "control")
     confined.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
     job_id = submit(stores, confined, repo, sleep_s=60, grandchild=1)
-    procs = job_cgroup(job_id) / "cgroup.procs"
 
     def members() -> list[int]:
-        try:
-            return [int(pid) for pid in procs.read_text().split()]
+        try:  # the worker makes the cgroup when it takes the job
+            return [int(pid) for pid in (job_cgroup(job_id) / "cgroup.procs").read_text().split()]
         except OSError:
             return []
 
