@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from app import demo_lock
-from tests.support import free_port, port_open, wait_for
+from tests.support import alive, free_port, port_open, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="/proc and PR_SET_PDEATHSIG")
 
@@ -121,14 +121,6 @@ def leftovers(state_dir: Path) -> list[str]:
         if cwd.startswith(marker) or marker in cmdline or marker in environ:
             found.append(f"{entry.name}: {cmdline[:200]} (cwd {cwd})")
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def assert_all_gone(demo: Demo, services: dict[str, int]) -> None:

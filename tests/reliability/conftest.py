@@ -157,15 +157,6 @@ def runs(settings: Settings, job_id: int) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
-
-
 def tally(settings: Settings, rows: dict[int, Job]) -> dict[str, int]:
     """Completed, lost and duplicated, as docs/operations.md defines them.
 

@@ -5,7 +5,6 @@ path); the launcher's real venv and runtime dirs for experiments run through the
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -84,32 +83,3 @@ def canary_env(canary: str) -> dict[str, str]:
         "AUTOPILOT_CANARY_SECRET": canary,
         "HOSTILE_CANARY": canary,
     }
-
-
-def living_with(token: str) -> list[int]:
-    """Pids of the living processes (not zombies) whose argv holds `token`: a sandboxed
-    process's own pid is one of its namespace, so the host finds it by what it runs."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if token.encode() not in (entry / "cmdline").read_bytes():
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-        except OSError:
-            continue
-        found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False

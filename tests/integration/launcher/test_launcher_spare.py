@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import living_with
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.runner import Limits, run_job
 from workers.launcher.runtime import RuntimeDir
@@ -160,23 +161,6 @@ time.sleep(60)
     while living_with(token):
         assert time.monotonic() < deadline, "the grandchild outlived the job"
         time.sleep(0.01)
-
-
-def living_with(token: str) -> list[int]:
-    """Pids of the living processes (not zombies) whose argv holds `token`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if token.encode() not in (entry / "cmdline").read_bytes():
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-        except OSError:
-            continue
-        found.append(int(entry.name))
-    return found
 
 
 def test_a_missing_entry_fails_as_it_would_cold(make_job: MakeJob) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from app import broker
@@ -13,7 +12,7 @@ from app.projects import config as project_config
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers, make_repo
-from tests.support import wait_for
+from tests.support import alive, wait_for
 
 FINISHED = ("succeeded", "failed", "cancelled")
 
@@ -137,17 +136,7 @@ def test_cancel_running_job_kills_its_tree(
         jobs.cancel(session, job_id, by="alice")
     done = wait_for(lambda: finished(stores, job_id), timeout=60)
     assert done.state == "cancelled" and done.cancelled_by == "alice"
-    wait_for(lambda: not _alive(grandchild), timeout=10)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie has exited; it only waits for its parent (init here) to reap it.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
+    wait_for(lambda: not alive(grandchild), timeout=10)
 
 
 def parked_interpreters(parent: int) -> list[int]:
