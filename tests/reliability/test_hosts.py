@@ -24,8 +24,8 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers, make_repo
-from tests.reliability.conftest import alive, job_rows, leases_of, need_tools, skip_or_fail
-from tests.support import bearer, wait_for
+from tests.reliability.conftest import job_rows, leases_of, need_tools, skip_or_fail
+from tests.support import alive, bearer, wait_for
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 

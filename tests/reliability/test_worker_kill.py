@@ -15,7 +15,6 @@ from app.jobs.models import Job, Lease
 from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.reliability.conftest import (
-    alive,
     all_finished,
     leases_of,
     runs,
@@ -23,7 +22,7 @@ from tests.reliability.conftest import (
     tally,
     variant,
 )
-from tests.support import wait_for
+from tests.support import alive, wait_for
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 

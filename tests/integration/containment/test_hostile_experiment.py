@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.containment.conftest import alive, living_with
-from tests.support import wait_for
+from tests.support import alive, living_with, wait_for
 from workers.launcher.launch import LaunchSpec
 from workers.launcher.runner import Outcome, run_job
 from workers.launcher.runtime import RuntimeDir

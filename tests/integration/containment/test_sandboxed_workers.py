@@ -11,7 +11,6 @@ import pytest
 from app import sandbox
 from app.db import Stores
 from app.jobs import service as jobs
-from tests.integration.containment.conftest import alive
 from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used by name
     Workers,
     broker_url,
@@ -21,7 +20,7 @@ from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used by 
     workers,
 )
 from tests.integration.queue.test_workers import finished, submit
-from tests.support import wait_for
+from tests.support import alive, wait_for
 from workers import prepare
 
 
