@@ -265,7 +265,9 @@ def run(
     else:
         args, env, cwd = list(argv), policy.environment(), policy.cwd
     try:
-        with log_path.open("ab") as log:
+        # Never through a link a sandboxed run could have planted where its log goes.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(log_path, flags, 0o600), "ab") as log:
             proc = subprocess.Popen(  # noqa: S603
                 args,
                 env=env,

@@ -181,7 +181,9 @@ class RunLoop:
         key = (ticket.workdir, ticket.experiment)
         found = self._launches.get(key)
         if found is None:
-            cfg = project_config.load(Path(ticket.workdir))
+            # From the copy its preparation kept, never from the export (the job's to write).
+            path = paths.launch_config(self.settings, ticket.job_id)
+            cfg = project_config.parse(path.read_text(encoding="utf-8"), str(path))
             found = prepare.launch_settings(cfg, ticket.experiment)
             # Two are kept: the next job's, read while this one ran (for its spare), is then
             # found here at its lease, off the GPU's idle gap.

@@ -14,7 +14,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import socket
+import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +131,8 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
     try:
         tree = export(settings, job_id, source)
         cfg = project_config.load(tree)
+        # Kept out of the export before any project code (the guard) runs in it.
+        shutil.copyfile(tree / project_config.CONFIG_FILE, paths.launch_config(settings, job_id))
         experiment = cfg.experiment(source.experiment)
         env = venv_for_job(settings, source.project, requirements(cfg))
         job_env = guard_env(settings, env, tree)
@@ -151,7 +155,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         )
         if not report.ok:
             raise PreparationError(report.render())
-    except (PreparationError, venv.VenvError, AutopilotError, OSError) as exc:
+    except (PreparationError, venv.VenvError, AutopilotError, OSError, tarfile.TarError) as exc:
         message = redact_text(getattr(exc, "detail", None) or str(exc))
         with stores.ops_session() as session:
             ended = preparation.preparation_failed(
@@ -172,7 +176,8 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
 
 def export(settings: Settings, job_id: int, source: _Source) -> Path:
     """The job's commit fetched into this host's mirror cache and exported clean (no .git, no
-    bytecode, nothing a previous run left) under this host's state dir."""
+    bytecode, nothing a previous run or preparation left: an export is made afresh) under this
+    host's state dir."""
     work = GitWork(settings)
     cache, sha = mirror.fetch_commit(
         work,
@@ -182,7 +187,10 @@ def export(settings: Settings, job_id: int, source: _Source) -> Path:
         source.head_sha,
         extra_env=control_auth(settings, source.repo),
     )
-    return mirror.export(work, cache, sha, paths.source_dir(settings, job_id))
+    dest = paths.source_dir(settings, job_id)
+    if dest.exists():
+        shutil.rmtree(dest)
+    return mirror.export(work, cache, sha, dest)
 
 
 def control_auth(settings: Settings, url: str) -> dict[str, str]:

@@ -145,7 +145,8 @@ class CommandAgent:
         if not self.argv:
             raise AgentFailed("agent.command is empty in autopilot.toml; give an argv list")
         files = self.workspace.files
-        prompt, ctx, out = (files / n for n in ("prompt.md", "context.json", "output.log"))
+        prompt, ctx = files / "prompt.md", files / "context.json"
+        out = self.workspace.output_log
         proposal_path = files / "proposal.json"
         proposal_path.unlink(missing_ok=True)
         prompt.write_text(_prompt(context), encoding="utf-8")
@@ -178,10 +179,10 @@ class CommandAgent:
 
 
 def parse_proposal(path: Path) -> Proposal:
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AgentFailed("the agent wrote no proposal.json (AUTOPILOT_PROPOSAL)") from None
+    data = workspace.read_plain_file(path, workspace.MAX_PROPOSAL_BYTES)
+    if data is None:
+        raise AgentFailed("the agent wrote no proposal.json (AUTOPILOT_PROPOSAL)")
+    raw = data.decode("utf-8", errors="replace")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:

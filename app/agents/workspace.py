@@ -1,7 +1,10 @@
 """Where a command agent works, and how its work comes back.
 
-The agent gets one directory and nothing else writable: a scratch clone of the cycle's base
-commit (`repo/`) and its files (`files/`: prompt, context, proposal, output). It runs in the
+The agent gets one directory and nothing else writable (`work/`): a scratch clone of the
+cycle's base commit (`work/repo/`) and its files (`work/files/`: prompt, context, proposal).
+What the control host writes or reads back (the logs, the bundle it fetches) is checked to be
+a plain file and never opened through a link the agent planted: the logs live beside `work/`,
+out of its reach. It runs in the
 sandbox (`app.sandbox`), keeps the network (it calls its model) and gets no service secret.
 Its commits come back as a git bundle that `pack` writes, also inside the sandbox, so that no
 hook, fsmonitor or config the agent planted in its clone ever runs outside it; the control host
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,27 +37,66 @@ fi
 """
 
 
+#: The most an agent's bundle (its commits) may weigh.
+MAX_BUNDLE_BYTES = 256 * 1024 * 1024
+#: The most a proposal.json may weigh.
+MAX_PROPOSAL_BYTES = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class Workspace:
     root: Path
 
     @property
+    def work(self) -> Path:
+        """The only directory the agent may write (bound into its sandbox)."""
+        return self.root / "work"
+
+    @property
     def repo(self) -> Path:
-        return self.root / "repo"
+        return self.work / "repo"
 
     @property
     def files(self) -> Path:
-        return self.root / "files"
+        return self.work / "files"
 
     @property
     def bundle(self) -> Path:
-        return self.root / "agent.bundle"
+        return self.work / "agent.bundle"
+
+    @property
+    def output_log(self) -> Path:
+        return self.root / "output.log"
+
+    @property
+    def pack_log(self) -> Path:
+        return self.root / "pack.log"
 
     def reset(self) -> None:
         """An empty workspace (what an earlier run left is dropped)."""
         if self.root.exists():
             shutil.rmtree(self.root)
         self.files.mkdir(parents=True)
+
+
+def read_plain_file(path: Path, limit: int) -> bytes | None:
+    """The bytes of `path` if it is a plain file of at most `limit` bytes (never through a link,
+    a FIFO or a device the agent left there); None when there is no such file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise AgentFailed(
+            f"{path.name} is not a plain file the agent wrote ({exc.strerror})"
+        ) from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise AgentFailed(f"{path.name} is not a plain file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise AgentFailed(f"{path.name} is larger than {limit} bytes")
+    return data
 
 
 def tool_paths(argv0: str, search_path: str) -> list[Path]:
@@ -83,7 +126,7 @@ def policy(
         cwd=workspace.repo,
         env=dict(env),
         read_only=[*tools, *read_only],
-        writable=[workspace.root],
+        writable=[workspace.work],
         network=True,
     )
 
@@ -113,10 +156,10 @@ def pack(
         "AUTOPILOT_BASE": base_sha,
         "AUTOPILOT_BUNDLE": str(workspace.bundle),
     }
-    log = workspace.files / "pack.log"
+    log = workspace.pack_log
     code = sandbox.run(
         ["/bin/sh", "-c", _PACK],
-        sandbox.Policy(cwd=workspace.repo, env=env, writable=[workspace.root]),
+        sandbox.Policy(cwd=workspace.repo, env=env, writable=[workspace.work]),
         name=name,
         timeout_s=time_limit_s,
         log_path=log,
@@ -125,4 +168,16 @@ def pack(
     if code != 0:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise AgentFailed(f"committing the agent's changes failed (exit {code}): {tail.strip()}")
-    return workspace.bundle if workspace.bundle.exists() else None
+    # Nothing of the sandbox runs any more (its cgroup is gone): what lies there now stays.
+    try:
+        info = os.lstat(workspace.bundle)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise AgentFailed("the agent's bundle is not a plain file (a link or a directory)")
+    if info.st_size > MAX_BUNDLE_BYTES:
+        raise AgentFailed(
+            f"the agent's change weighs {info.st_size} bytes as a bundle; at most "
+            f"{MAX_BUNDLE_BYTES} are taken"
+        )
+    return workspace.bundle

@@ -47,6 +47,8 @@ NOT_JUDGED = ("factorial", "study")
 # The bootstrap holds n_boot x n resampled values: the untrusted report must not choose how
 # much of the control host's memory a judgement takes (10k pairs: ~320 MB at most).
 MAX_PAIRS = 10_000
+# ... and how much CPU: each comparison is one bootstrap, so their number is bounded too.
+MAX_COMPARISONS = 64
 _FIGURES = ("ratio", "ci_low", "ci_high")
 
 
@@ -177,6 +179,10 @@ def _number(value: Any) -> float | None:
 def _comparisons(raw: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise Unjudgeable(f"{where} is missing or empty: there is nothing to judge")
+    if len(raw) > MAX_COMPARISONS:
+        raise Unjudgeable(
+            f"{where} holds {len(raw)} comparisons; at most {MAX_COMPARISONS} are judged"
+        )
     for i, comp in enumerate(raw):
         if not isinstance(comp, dict):
             raise Unjudgeable(f"{where}[{i}] must be an object, got {type(comp).__name__}")

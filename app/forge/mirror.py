@@ -77,6 +77,11 @@ def export(work: GitWork, mirror: Path, sha: str, dest: Path) -> Path:
     nothing else) at `dest`, made once."""
     if dest.is_dir():
         return dest
+    # The commit's own .gitattributes may not drop or rewrite files of the export
+    # (export-ignore, export-subst): this repository's attributes win over the tree's.
+    attributes = mirror / "info" / "attributes"
+    attributes.parent.mkdir(parents=True, exist_ok=True)
+    attributes.write_text("* -export-ignore -export-subst\n")
     staging = dest.with_name(f".{dest.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

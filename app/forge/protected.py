@@ -11,7 +11,6 @@ wherever it is: git internals, bytecode, submodules and symlinks that leave the 
 from __future__ import annotations
 
 import fnmatch
-import posixpath
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +120,15 @@ def check(run: RunGit, base_sha: str, *, ref: str, allowed: Sequence[str] = ()) 
     result.candidate_hashes = {
         p: h for p, h in candidate.items() if is_protected(p, patterns, allowed)
     }
+    # A new package dir `x/` or extension `x*.so` beside a protected module `x.py` is what
+    # `import x` finds first: it would replace the judge without touching it.
+    modules = [p.removesuffix(".py") for p in result.base_hashes if p.endswith(".py")]
+    for path, digest in candidate.items():
+        if path not in base and any(
+            path.startswith(m + "/") or (path.startswith(m + ".") and path.endswith(".so"))
+            for m in modules
+        ):
+            result.candidate_hashes[path] = digest
     return result
 
 
@@ -144,7 +152,7 @@ def _forbidden_name(path: str) -> str | None:
 def forbidden_entries(run: RunGit, base_sha: str, head: str) -> list[str]:
     """What the commits from `base_sha` to `head` add or change that an agent may never commit:
     a `.git` file or directory, a `__pycache__` dir, a `*.pyc` file, a submodule, or a symlink
-    whose target is absolute or leaves the repository. One line per entry."""
+    whose target is absolute or climbs with `..`. One line per entry."""
     out = run(["diff-tree", "-r", "-z", "--no-renames", "--no-commit-id", base_sha, head])
     fields = out.split("\0")
     problems: list[str] = []
@@ -159,8 +167,13 @@ def forbidden_entries(run: RunGit, base_sha: str, head: str) -> list[str]:
         elif new_mode == _SUBMODULE:
             problems.append(f"{path}: a submodule")
         elif new_mode == _SYMLINK:
+            # Only links that go down stay inside whatever other links they pass through: a
+            # `..` is checked by nothing but the path's text, and a chain of links can climb
+            # out of the tree with it.
             target = run(["cat-file", "blob", new_sha])
-            inside = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-            if target.startswith("/") or inside == ".." or inside.startswith("../"):
-                problems.append(f"{path}: a symlink to {target!r}, outside the repository")
+            if target.startswith("/") or ".." in target.split("/"):
+                problems.append(
+                    f"{path}: a symlink to {target!r}; an agent's links may only point down "
+                    "into the repository (no absolute target, no '..')"
+                )
     return problems

@@ -17,6 +17,12 @@ def job_dir(settings: Settings, job_id: int) -> Path:
     return settings.state_dir.absolute() / "jobs" / str(job_id)
 
 
+def launch_config(settings: Settings, job_id: int) -> Path:
+    """The job's autopilot.toml as its preparation read it from the fresh export, before any
+    project code ran: what the runner launches by (the export itself is the job's to write)."""
+    return job_dir(settings, job_id) / "autopilot.toml"
+
+
 def source_dir(settings: Settings, job_id: int) -> Path:
     """The clean export of the job's commit, on the host that prepared it."""
     return job_dir(settings, job_id) / "src"

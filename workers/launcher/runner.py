@@ -19,6 +19,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -185,7 +186,7 @@ def run_job(
         if job.cgroup is not None and not parked_in_it:
             cgroup = _open_cgroup(job)
         env = job.env()
-        job.spec_path.write_text(json.dumps(dict(job.spec)))
+        _write_spec(job)
         with contextlib.suppress(FileNotFoundError):
             job.result_path.unlink()
         listener = _listen(job.runtime.events_path)
@@ -227,6 +228,16 @@ def run_job(
             # Whatever the job left, however it detached, goes with its cgroup.
             with contextlib.suppress(sandbox.SandboxUnavailable):
                 cgroup.remove()
+
+
+def _write_spec(job: LaunchSpec) -> None:
+    """The spec, written afresh: a parked interpreter's start-up (the venv's .pth files, its
+    preloads) runs code that could have left a link at that path."""
+    with contextlib.suppress(FileNotFoundError):
+        job.spec_path.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(job.spec_path, flags, 0o644), "w") as handle:
+        handle.write(json.dumps(dict(job.spec)))
 
 
 def _open_cgroup(job: LaunchSpec) -> sandbox.Cgroup | None:
@@ -383,16 +394,23 @@ def _supervise(
 
 
 def _read_result(path: Path, returncode: int | None, cap: int) -> tuple[Any, str | None]:
+    # The experiment wrote it: never read through a link, a FIFO or a device it left there.
     try:
-        size = path.stat().st_size
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None, (
             f"the experiment wrote no result to {path} (exit {returncode}); "
             "it must write JSON to $AUTOPILOT_RESULT"
         )
-    if size > cap:
-        return None, f"result {path} is {size} bytes, over the {cap}-byte limit"
+    except OSError as exc:
+        return None, f"result {path} is not a plain file ({exc.strerror})"
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None, f"result {path} is not a plain file"
+        data = handle.read(cap + 1)
+    if len(data) > cap:
+        return None, f"result {path} is over the {cap}-byte limit"
     try:
-        return json.loads(path.read_bytes()), None
+        return json.loads(data), None
     except ValueError as exc:
         return None, f"result {path} is not valid JSON: {exc}"

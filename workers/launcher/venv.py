@@ -212,7 +212,7 @@ def ensure_venv(
         if target.exists():
             report("create", f"removing half-built {target}")
             shutil.rmtree(target)
-        _build(
+        inherited = _build(
             target,
             requirements,
             system_site_packages,
@@ -226,10 +226,17 @@ def ensure_venv(
             "requirements_hash": req_hash,
             "python": version,
             "system_site_packages": system_site_packages,
+            # Read by the sandbox (what it binds), never from the venv's own .pth or
+            # pyvenv.cfg: a requirement's build could rewrite those.
+            "inherited_site_dirs": inherited,
             "built_at": time.time(),
         }
         tmp = target / f"{COMPLETE_MARKER}.tmp"
-        tmp.write_text(json.dumps(marker))
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # never written through a link the build left there
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(marker))
         os.replace(tmp, target / COMPLETE_MARKER)  # written last: only now is the venv usable
         report("done", f"built {target}")
         return Venv(target, interpreter_path(target), req_hash, version, True, log_path)
@@ -244,7 +251,7 @@ def _build(
     report: Progress,
     install_timeout_s: float,
     sandboxed: bool,
-) -> None:
+) -> list[str]:
     wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
     refuse_pip_options(wanted)  # before anything is built: these are the lines pip will read
     home = target.parent / f"{target.name}.home"
@@ -266,7 +273,7 @@ def _build(
         else None
     )
     try:
-        _create_and_install(
+        return _create_and_install(
             target,
             wanted,
             system_site_packages,
@@ -291,7 +298,7 @@ def _create_and_install(
     install_timeout_s: float,
     env: dict[str, str],
     confine: sandbox.Policy | None,
-) -> None:
+) -> list[str]:
     create = [base_python, "-m", "venv"]
     if system_site_packages:
         create.append("--system-site-packages")
@@ -300,10 +307,9 @@ def _create_and_install(
     create.append(str(target))
     with open(log_path, "w", encoding="utf-8") as log:
         _run_logged(create, log, report, "create", 600.0, env, confine)
-        if system_site_packages:
-            _inherit_parent_venv(target, base_python, env)
+        inherited = _inherit_parent_venv(target, base_python, env) if system_site_packages else []
         if not wanted:
-            return
+            return inherited
         req_file = target / REQUIREMENTS_FILE
         req_file.write_text("\n".join(_private_sources(wanted, target / "src")) + "\n")
         install = [
@@ -316,6 +322,7 @@ def _create_and_install(
             str(req_file),
         ]
         _run_logged(install, log, report, "install", install_timeout_s, env, confine)
+    return inherited
 
 
 def _private_sources(requirements: Sequence[str], into: Path) -> list[str]:
@@ -342,7 +349,20 @@ PARENT_VENV_PTH = "_autopilot_parent_venv.pth"
 
 def inherited_site_dirs(venv: Path) -> list[str]:
     """The parent venv's site-packages a venv reaches through `PARENT_VENV_PTH` (its system
-    site packages, in effect), or none."""
+    site packages, in effect), or none: as the build recorded them in its completion marker,
+    from the trusted base interpreter (a requirement's build could rewrite the venv's .pth).
+    A venv built before the marker held them is read the old way."""
+    try:
+        fd = os.open(
+            Path(os.path.abspath(venv)) / COMPLETE_MARKER,
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
+        )
+        with os.fdopen(fd) as handle:
+            recorded = json.loads(handle.read(1 << 20)).get("inherited_site_dirs")
+        if isinstance(recorded, list):
+            return [d for d in recorded if isinstance(d, str) and d.startswith("/")]
+    except (OSError, ValueError, AttributeError):
+        pass
     dirs: list[str] = []
     try:
         cfg = (Path(os.path.abspath(venv)) / "pyvenv.cfg").read_text()
@@ -359,7 +379,7 @@ def inherited_site_dirs(venv: Path) -> list[str]:
     return dirs
 
 
-def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) -> None:
+def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) -> list[str]:
     """`--system-site-packages` exposes the *base* interpreter's packages. When the base is
     itself a venv (the service's, holding torch), a .pth file adds that venv's site-packages
     too, after the new venv's own, so "reuse the installed torch" means what it says."""
@@ -378,9 +398,10 @@ def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) ->
     )
     first, *paths = probe.stdout.splitlines()
     if first != "True" or not paths:
-        return
+        return []
     for site_dir in (target / "lib").glob("python*/site-packages"):
         (site_dir / PARENT_VENV_PTH).write_text("\n".join(paths) + "\n")
+    return paths
 
 
 def _interpreter_paths(base_python: str) -> list[Path]:

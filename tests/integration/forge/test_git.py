@@ -4,6 +4,7 @@ objects, pushes, a moving base, bad input."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from app.agents import workspace
 from app.agents.workspace import Workspace
 from app.forge import git as gitmod
 from app.forge.exceptions import (
+    AgentWorkRefused,
     BaseBranchMissing,
     GitFailed,
     InvalidRef,
@@ -134,7 +136,7 @@ def test_protected_path_turned_into_a_symlink_is_refused(
     judge = space.repo / "experiments" / "harness" / "judge.py"
     (space.repo / "src" / "lenient.py").write_text("TOLERANCE = 1.0\n")
     judge.unlink()
-    judge.symlink_to("../../src/lenient.py")
+    judge.symlink_to("lenient.py")  # points down: only the protected check can refuse it
     bundle = workspace.pack(
         space, br.base_sha, name="t", author=("a", "a@b"), message="m", enabled=False
     )
@@ -262,3 +264,37 @@ def test_branch_names() -> None:
     for cycle in ("../x", "-1", "a b", ""):
         with pytest.raises(InvalidRef):
             gitmod.branch_name("proj", cycle, "x")
+
+
+def test_links_that_climb_are_refused_even_in_a_chain(
+    work: GitWork, origin: Path, tmp_path: Path
+) -> None:
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "chain")
+    space = Workspace(tmp_path / "agent-chain")
+    space.reset()
+    work.scratch_clone(br, space.repo)
+    (space.repo / "d1" / "d2").mkdir(parents=True)
+    (space.repo / "d1" / "d2" / "l1").symlink_to("../..")
+    (space.repo / "l2").symlink_to("d1/d2/l1/../../../../etc/passwd")
+    bundle = workspace.pack(
+        space, br.base_sha, name="t", author=("a", "a@b"), message="m", enabled=False
+    )
+    with pytest.raises(AgentWorkRefused) as caught:
+        work.take_agent_work(br, bundle)
+    assert "d1/d2/l1" in caught.value.detail and "l2" in caught.value.detail
+    assert work.tip(br) == br.base_sha
+
+
+@pytest.mark.parametrize(
+    "shadow", ["src/reference/__init__.py", "src/reference.cpython-311-x86_64-linux-gnu.so"]
+)
+def test_a_module_that_would_shadow_a_protected_one_is_refused(
+    work: GitWork, origin: Path, tmp_path: Path, shadow: str
+) -> None:
+    config = '[protected]\npaths = ["src/reference.py"]\n'
+    commit_to(origin, tmp_path, "main", "autopilot.toml", config)
+    commit_to(origin, tmp_path, "main", "src/reference.py", "def ref(x):\n    return x\n")
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "shadow")
+    bundle = agent_change(work, br, tmp_path, {shadow: "def ref(x):\n    return 0\n"})
+    with pytest.raises(ProtectedPathChanged, match=re.escape(shadow)):
+        work.take_agent_work(br, bundle)

@@ -189,3 +189,22 @@ def test_an_export_carries_no_bytecode_even_where_a_commit_holds_some(
     assert (exported / "probe" / "main.py").exists()  # the sources are there
     assert not (exported / "stray.pyc").exists()
     assert not list(exported.rglob("__pycache__"))
+
+
+def test_the_commits_own_attributes_cannot_drop_or_rewrite_exported_files(
+    served: tuple[GitDaemon, Path], settings: Settings
+) -> None:
+    daemon, work = served
+    git(work, "checkout", "-q", "-b", "autopilot/lab/3-x")
+    (work / ".gitattributes").write_text("probe/main.py export-ignore\nnotes.txt export-subst\n")
+    (work / "notes.txt").write_text("commit $Format:%H$\n")
+    git(work, "add", ".gitattributes", "notes.txt")
+    git(work, "commit", "-qm", "attributes that would change the export")
+    git(work, "push", "-q", "served", "autopilot/lab/3-x")
+    host = GitWork(settings)
+    cache, sha = mirror.fetch_commit(
+        host, "lab", daemon.url("lab.git"), "autopilot/lab/3-x", git(work, "rev-parse", "HEAD")
+    )
+    exported = mirror.export(host, cache, sha, settings.state_dir / "jobs" / "3" / "src")
+    assert (exported / "probe" / "main.py").exists()
+    assert (exported / "notes.txt").read_text() == "commit $Format:%H$\n"

@@ -295,3 +295,14 @@ def test_the_judged_verdict_uses_the_spec_seed() -> None:
     other = judge(result, {**SPEC, "seed": 8})
     assert other["noise_floor"]["floor"] != result["noise_floor"]["floor"]
     assert any("noise floor" in line for line in other["judgement"]["disagreements"])
+
+
+def test_a_report_with_too_many_comparisons_is_not_judged() -> None:
+    from app.cycles.judge import MAX_COMPARISONS
+
+    result = harness_result({"fused": 0.7})
+    result["comparisons"] = [
+        {**result["comparisons"][0], "variant": f"v{i}"} for i in range(MAX_COMPARISONS + 1)
+    ]
+    with pytest.raises(Unjudgeable, match="comparisons"):
+        judge(result, SPEC)
