@@ -132,7 +132,7 @@ def test_hostile_agent_gets_no_secret_no_host_path_and_no_lasting_process(
     mirror, forge = state / "repos" / f"{name}.git", state / "forge" / f"{name}.git"
     markers = outside / "markers"
     markers.mkdir()
-    other = state / "cycles" / "999" / "agent" / "files"  # another cycle's workspace
+    other = state / "cycles" / "999" / "agent" / "work" / "files"  # another cycle's workspace
     other.mkdir(parents=True)
     (other / "proposal.json").write_text('{"hypothesis": "theirs"}')
     checkout = Path(__file__).resolve().parents[3]
@@ -202,7 +202,7 @@ def test_hostile_agent_gets_no_secret_no_host_path_and_no_lasting_process(
             page = client.get(f"/dashboard/cycles/{cycle_id}")
             assert page.status_code == 200
             answers.append(page.text)
-        files = state / "cycles" / str(cycle_id) / "agent" / "files"
+        files = state / "cycles" / str(cycle_id) / "agent" / "work" / "files"
         report = json.loads((files / "report.json").read_text())
 
         # 7. The daemon ran inside, and nothing of it is left on the host.
@@ -309,8 +309,8 @@ def test_gitfile_swap_runs_nothing_on_the_host(
 PLANTED = {
     "plant-pycache": ("pycache", "probe/__pycache__/main.cpython-311.pyc", "__pycache__"),
     "plant-pyc": ("pyc", "evil.pyc", "bytecode"),
-    "plant-link": ("link", "link", "outside the repository"),
-    "plant-up": ("up", "up", "outside the repository"),
+    "plant-link": ("link", "link", "may only point down into the repository"),
+    "plant-up": ("up", "up", "may only point down into the repository"),
 }
 
 
