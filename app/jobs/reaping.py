@@ -65,6 +65,11 @@ def reap(session: Session, settings: Settings) -> Reaped:
             reaped.failed.append(job.id)
         else:
             job.state, job.worker, job.started_at = "queued", None, None
+            used = repo.preparation(session, job.id, lease.host)
+            if used is not None:
+                # Its export ran once and is the job's to write: a retry on that host gets a
+                # fresh one (the host prepares the job again before it may lease it).
+                repo.delete(session, used)
             reaped.requeued.append(job.id)
     session.flush()
     stale = repo.stale_before(now, settings.doorbell_stale_s)

@@ -19,7 +19,7 @@ def add(session: Session, row: Job | Lease | Worker | JobPreparation) -> None:
     session.add(row)
 
 
-def delete(session: Session, row: Lease) -> None:
+def delete(session: Session, row: Lease | JobPreparation) -> None:
     session.delete(row)
 
 

@@ -3,6 +3,7 @@ order across projects, both budgets, the reaper, cancellation, lost leases and b
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -223,6 +224,11 @@ def test_reaper_requeues_then_fails_after_max_attempts(stores: Stores, settings:
     again = row(stores, job_id)
     assert (again.state, again.attempts, again.worker) == ("queued", 1, None)
     assert counts(stores) == (1, 0)
+    # The export it ran in is not reused: the host prepares the job afresh before a retry.
+    assert lease(stores, settings, "w2") is None
+    with stores.ops_session() as session:
+        assert preparation.preparation_on(session, job_id, socket.gethostname()) is None
+    mark_prepared(stores, job_id)
 
     assert lease(stores, settings, "w2") == job_id
     expire_lease(stores, job_id)
