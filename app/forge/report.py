@@ -170,6 +170,13 @@ def _judgement(result: Mapping[str, Any]) -> list[str]:
             *(f"> - {_cell(line)}" for line in disagreements),
             "",
         ]
+    if result.get("sandbox") == "off":
+        lines += [
+            "> [!CAUTION]",
+            "> The experiment ran **unconfined** (`AUTOPILOT_SANDBOX=off` on its GPU host): it "
+            "could read that host's files and environment.",
+            "",
+        ]
     not_judged = judgement.get("not_judged")
     if isinstance(not_judged, list) and not_judged:
         sections = ", ".join(f"`{_cell(name)}`" for name in not_judged)

@@ -92,3 +92,10 @@ def test_report_warns_where_the_self_report_disagrees_with_the_judgement() -> No
     honest = {**harness_result(), "judgement": {"by": "control-plane", "disagreements": []}}
     assert "[!WARNING]" not in render_markdown(honest, CONTEXT)
     assert "control plane" not in render_markdown(harness_result(), CONTEXT)
+
+
+def test_report_says_when_the_experiment_ran_unconfined() -> None:
+    judged = {**harness_result(), "judgement": {"by": "control-plane", "disagreements": []}}
+    assert "unconfined" not in render_markdown({**judged, "sandbox": "on"}, CONTEXT)
+    text = render_markdown({**judged, "sandbox": "off"}, CONTEXT)
+    assert "> [!CAUTION]" in text and "AUTOPILOT_SANDBOX=off" in text
