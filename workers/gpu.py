@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CLEANUP_BATCH = 8
-#: The first line of every job's log on a host whose sandbox is off.
-UNCONFINED_LOG_LINE = "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"
 
 
 def _last_line(text: str) -> str:
@@ -267,7 +265,7 @@ class RunLoop:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log_file:
                 if not sandboxed:
-                    log_file.write(UNCONFINED_LOG_LINE + "\n")
+                    log_file.write(confine.UNCONFINED_LOG_LINE + "\n")
                     log_file.flush()
                 on_event = self._event_handler(ticket, launch_settings, log_file, beat)
                 try:
@@ -333,9 +331,9 @@ class RunLoop:
                     # The job's own start is behind it: park the next job's interpreter now,
                     # for the job first in line (its venv), else for one like this one.
                     after, hint = self._next_in_line(ticket, launch)
-                    sandboxed = self.settings.sandbox == "on"
+                    sandboxed, known = self.settings.sandbox == "on", after.job_id != ticket.job_id
                     # A sandboxed spare binds its job's export: none is known, none is parked.
-                    if not sandboxed or after.job_id != ticket.job_id:
+                    if not sandboxed or known:
                         self.spares.prestart(
                             state_dir=self.settings.state_dir.absolute(),
                             venv=after.venv,
@@ -346,11 +344,7 @@ class RunLoop:
                             sandboxed=sandboxed,
                             network=hint.network,
                             workdir=after.workdir,
-                            cgroup_name=(
-                                confine.job_cgroup_name(after.job_id)
-                                if after.job_id != ticket.job_id
-                                else None
-                            ),
+                            cgroup_name=confine.job_cgroup_name(after.job_id) if known else None,
                         )
             if kind in ("log", "progress"):
                 log_file.write(f"[{kind}] {event.get('message') or event}\n")

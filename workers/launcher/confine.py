@@ -20,6 +20,8 @@ from app import sandbox
 from workers.launcher.runtime import RuntimeDir
 from workers.launcher.venv import inherited_site_dirs
 
+#: The first line of every job's log on a host whose sandbox is off.
+UNCONFINED_LOG_LINE = "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"
 #: The GPU's device nodes (NVIDIA's and the DRM render nodes), bound when present.
 GPU_DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 #: The cgroup of a job's processes on its host: named for the job and for the worker process

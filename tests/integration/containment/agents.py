@@ -64,6 +64,10 @@ for path in paths:
 (files / "environ.json").write_text(json.dumps(dict(os.environ)))
 report["pids_seen"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 
+# Looked for before any write: a write under /tmp makes its dirs in the sandbox's private /tmp
+# (a checkout under /tmp, as CI's, would then seem to exist).
+for path in T["exists_targets"]:
+    report["exists"][path] = os.path.exists(path)
 for name in ("post-commit", "pre-push", "reference-transaction", "post-checkout",
              "pre-commit", "prepare-commit-msg", "post-index-change", "pre-auto-gc"):
     report["write"]["clone:" + name] = try_write(str(repo / ".git" / "hooks" / name), hook("clone"))
@@ -73,8 +77,6 @@ for hooks_dir in T["foreign_hooks"]:
 
 for path in T["write_targets"]:
     report["write"][path] = try_write(path, T["payload"])
-for path in T["exists_targets"]:
-    report["exists"][path] = os.path.exists(path)
 
 read, write = os.pipe()
 if os.fork() == 0:

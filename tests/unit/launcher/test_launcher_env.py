@@ -53,6 +53,7 @@ def test_only_the_allow_list_and_the_protocol_reach_the_job() -> None:
         "LC_ALL",
         "PYTHONSAFEPATH",
         "PYTHONNOUSERSITE",
+        "PYTHONDONTWRITEBYTECODE",
         "PYTHONPATH",
         "TMPDIR",
         "CUDA_VISIBLE_DEVICES",
@@ -62,6 +63,7 @@ def test_only_the_allow_list_and_the_protocol_reach_the_job() -> None:
         "AUTOPILOT_REQUIREMENTS_HASH",
     }
     assert env["PYTHONSAFEPATH"] == "1"
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # a run leaves no bytecode in its tree
     assert env["PYTHONPATH"] == "/wt"  # the worktree, never the worker's PYTHONPATH
     assert env["TMPDIR"] == "/tmp/ap-1"
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
