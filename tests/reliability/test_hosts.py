@@ -43,6 +43,7 @@ HOST_SETTINGS = {
     "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES",
     "AUTOPILOT_LEASE_TTL_S",
     "AUTOPILOT_HEARTBEAT_INTERVAL_S",
+    "AUTOPILOT_SANDBOX",  # set by the test fixtures (queue_sandbox); no secret
 }
 
 

@@ -299,6 +299,7 @@ def test_finish_without_the_lease_records_nothing(stores: Stores, settings: Sett
     expire_lease(stores, job_id)
     with stores.ops_session() as session:
         reaping.reap(session, settings)
+    mark_prepared(stores, job_id)  # afresh on its host, as after any lapsed lease
     assert lease(stores, settings, "new") == job_id
     with pytest.raises(jobs.LeaseLost), stores.ops_session() as session:
         jobs.finish(
