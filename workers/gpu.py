@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -31,7 +30,8 @@ from app.jobs import logs, paths, preparation
 from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
-from workers import control_client, prepare
+from workers import command_runs, control_client, prepare
+from workers.heartbeat import Heartbeat
 from workers.launcher import confine, runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import SpareSlot
@@ -217,6 +217,8 @@ class RunLoop:
     def run_one(self, ticket: Ticket) -> jobs.JobOutcome:
         """Run one leased job; returns its outcome for `_settle_and_lease` to store."""
         log_path = paths.log_path(self.settings, ticket.job_id)
+        if ticket.spec.get("kind") == "command":  # the repository's own program, run arm by arm
+            return self._command(ticket)
         try:
             launch_settings = self._launch(ticket)
         except (InvalidInput, OSError) as exc:  # its source or config is gone since it was prepared
@@ -247,7 +249,7 @@ class RunLoop:
             )
         launch = LaunchSpec(
             venv=Path(ticket.venv),
-            entry=launch_settings.entry,
+            entry=str(launch_settings.entry),
             cwd=Path(ticket.workdir),
             runtime=rt,
             spec=ticket.spec,
@@ -307,6 +309,17 @@ class RunLoop:
         result.log_tail = logs.tail_text(log_path, paths.LOG_TAIL_BYTES)
         return result
 
+    def _command(self, ticket: Ticket) -> jobs.JobOutcome:
+        beat = Heartbeat(self, ticket.job_id)
+        result = command_runs.run_command_job(
+            self.stores, self.settings, self.me, ticket, beat, preparer=self.preparer,
+            spares=self.spares,
+        )  # fmt: skip
+        result.log_tail = logs.tail_text(
+            paths.log_path(self.settings, ticket.job_id), paths.LOG_TAIL_BYTES
+        )
+        return result
+
     def _spawned(self, job_id: int, pid: int, pgid: int, beat: Heartbeat) -> None:
         beat.pgid = pgid
         beat.spawned_at = time.time()
@@ -332,8 +345,9 @@ class RunLoop:
                     # for the job first in line (its venv), else for one like this one.
                     after, hint = self._next_in_line(ticket, launch)
                     sandboxed, known = self.settings.sandbox == "on", after.job_id != ticket.job_id
-                    # A sandboxed spare binds its job's export: none is known, none is parked.
-                    if not sandboxed or known:
+                    # A sandboxed spare binds its job's export: none is known, none is parked;
+                    # a command job (no entry) runs no interpreter of ours.
+                    if (not sandboxed or known) and hint.entry is not None:
                         self.spares.prestart(
                             state_dir=self.settings.state_dir.absolute(),
                             venv=after.venv,
@@ -437,63 +451,3 @@ class Ticket:
             spec=dict(job.spec),
             time_limit_s=job.time_limit_s,
         )
-
-
-class Heartbeat:
-    """Renews the lease while the job runs; kills the job's group when cancellation is asked."""
-
-    def __init__(self, loop: RunLoop, job_id: int) -> None:
-        self.loop, self.job_id = loop, job_id
-        self.pgid: int | None = None
-        self.spawned_at: float | None = None  # wall clock, set at spawn or hand-over
-        self.cancelled = False
-        self._killed = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        interval = self.loop.settings.heartbeat_interval_s
-        while not self._stop.wait(interval):
-            try:
-                with self.loop.stores.ops_session() as session:
-                    wanted = jobs.heartbeat(
-                        session,
-                        self.loop.settings,
-                        self.job_id,
-                        self.loop.me.name,
-                        log_tail=logs.tail_text(
-                            paths.log_path(self.loop.settings, self.job_id), paths.LOG_TAIL_BYTES
-                        ),
-                    )
-            except jobs.LeaseLost:
-                wanted = True  # someone else owns it now: stop ours
-            except Exception:  # a DB hiccup: keep the job, try again next beat
-                log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
-                continue
-            if wanted:
-                self.cancelled = True
-            # A cancel seen before the spawn (pgid unknown yet) is acted on at the next beat.
-            if self.cancelled and not self._killed and self.pgid is not None:
-                self._killed = True
-                self._kill()
-
-    def _kill(self) -> None:
-        if self.pgid is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pgid, sig)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    os.killpg(self.pgid, 0)
-                except ProcessLookupError:
-                    return
-                self._stop.wait(0.05)

@@ -27,9 +27,11 @@ from app.errors import AutopilotError
 from app.forge import mirror
 from app.forge.git import GitWork
 from app.jobs import paths, preparation
+from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings, redact_text
+from workers import command_runs
 from workers.launcher import confine, guard, runtime, venv
 from workers.launcher.launch import LaunchSpec
 from workers.reaper import ring_cycle
@@ -47,7 +49,7 @@ class PreparationError(RuntimeError):
 class LaunchSettings:
     """The runner's settings for one experiment of a project, from its `autopilot.toml`."""
 
-    entry: str
+    entry: str | None  # None for a command experiment (`workers/command_runs.py` runs it)
     socket_suffix_len: int
     requirements_hash: str
     preload: tuple[str, ...]
@@ -108,6 +110,8 @@ class _Source:
     head_sha: str | None
     experiment: str
     queue: str
+    base_sha: str | None = None
+    device: str = "cpu"  # what a command's {device} becomes
 
 
 def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) -> bool:
@@ -127,6 +131,8 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
             head_sha=job.head_sha,
             experiment=str(job.experiment),
             queue=job.queue,
+            base_sha=job.base_sha or job.head_sha,
+            device=command_kind.device_name(str((job.spec or {}).get("device", "cpu"))),
         )
     try:
         tree = export(settings, job_id, source)
@@ -135,6 +141,16 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         shutil.copyfile(tree / project_config.CONFIG_FILE, paths.launch_config(settings, job_id))
         experiment = cfg.experiment(source.experiment)
         env = venv_for_job(settings, source.project, requirements(cfg))
+        if experiment.kind == "command":
+            command_runs.prepare_arms(
+                settings,
+                job_id,
+                experiment,
+                candidate=(tree, env, source.head_sha),
+                baseline=_baseline(settings, job_id, source, env),
+                device=source.device,
+            )
+            return _ready(stores, settings, job_id, host, tree, env, source.queue)
         job_env = guard_env(settings, env, tree)
         report = guard.run_guard(
             env.path,
@@ -155,7 +171,14 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         )
         if not report.ok:
             raise PreparationError(report.render())
-    except (PreparationError, venv.VenvError, AutopilotError, OSError, tarfile.TarError) as exc:
+    except (
+        PreparationError,
+        command_runs.SetupFailed,
+        venv.VenvError,
+        AutopilotError,
+        OSError,
+        tarfile.TarError,
+    ) as exc:
         message = redact_text(getattr(exc, "detail", None) or str(exc))
         with stores.ops_session() as session:
             ended = preparation.preparation_failed(
@@ -165,16 +188,41 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         if ended:
             ring_cycle(settings, stores, job_id)
         return False
+    return _ready(stores, settings, job_id, host, tree, env, source.queue)
+
+
+def _ready(
+    stores: Stores,
+    settings: Settings,
+    job_id: int,
+    host: str,
+    tree: Path,
+    env: venv.Venv,
+    queue: str,
+) -> bool:
     with stores.ops_session() as session:
         ready = preparation.preparation_ready(
             session, job_id, host, workdir=str(tree), venv_path=str(env.path)
         )
     if ready:
-        broker.ring_gpu(settings, source.queue)  # an idle worker of this host may take it now
+        broker.ring_gpu(settings, queue)  # an idle worker of this host may take it now
     return ready
 
 
-def export(settings: Settings, job_id: int, source: _Source) -> Path:
+def _baseline(
+    settings: Settings, job_id: int, source: _Source, head_env: venv.Venv
+) -> tuple[Path, venv.Venv, str | None]:
+    """The baseline arm's tree (the base commit, exported clean beside the candidate's) and its
+    venv: the candidate's when the requirements agree, else one of its own."""
+    base = _Source(**{**source.__dict__, "head_sha": source.base_sha})
+    tree = export(settings, job_id, base, paths.baseline_dir(settings, job_id))
+    base_requirements = requirements(project_config.load(tree))
+    if venv.requirements_hash(base_requirements) == head_env.requirements_hash:
+        return tree, head_env, source.base_sha
+    return tree, venv_for_job(settings, source.project, base_requirements), source.base_sha
+
+
+def export(settings: Settings, job_id: int, source: _Source, dest: Path | None = None) -> Path:
     """The job's commit fetched into this host's mirror cache and exported clean (no .git, no
     bytecode, nothing a previous run or preparation left: an export is made afresh) under this
     host's state dir."""
@@ -187,7 +235,7 @@ def export(settings: Settings, job_id: int, source: _Source) -> Path:
         source.head_sha,
         extra_env=control_auth(settings, source.repo),
     )
-    dest = paths.source_dir(settings, job_id)
+    dest = dest or paths.source_dir(settings, job_id)
     if dest.exists():
         shutil.rmtree(dest)
     return mirror.export(work, cache, sha, dest)

@@ -41,12 +41,11 @@ from autopilot_harness import stats
 from autopilot_harness.protocol import Tolerance
 
 from app.cycles.exceptions import Unjudgeable
+from app.cycles.judge_command import JUDGE, MAX_PAIRS, judge_command
 
-JUDGE = "control-plane"
+__all__ = ["JUDGE", "MAX_PAIRS", "MAX_COMPARISONS", "disagreements", "judge"]
+
 NOT_JUDGED = ("factorial", "study")
-# The bootstrap holds n_boot x n resampled values: the untrusted report must not choose how
-# much of the control host's memory a judgement takes (10k pairs: ~320 MB at most).
-MAX_PAIRS = 10_000
 # ... and how much CPU: each comparison is one bootstrap, so their number is bounded too.
 MAX_COMPARISONS = 64
 _FIGURES = ("ratio", "ci_low", "ci_high")
@@ -56,7 +55,10 @@ def judge(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
     """The judged copy of `result` (the raw report, left untouched) under the job's `spec`:
     recomputed figures and verdicts, and a `judgement` section with the self-report and the
     disagreements. Raises `Unjudgeable` when the raw samples or accuracy figures are missing or
-    malformed."""
+    malformed. A command experiment's result (the spec's `kind`) is judged arm against arm
+    (`judge_command`)."""
+    if spec.get("kind") == "command":
+        return judge_command(result, spec)
     judged = copy.deepcopy(dict(result))
     if result.get("status") != "ok":
         return judged

@@ -28,6 +28,22 @@ def source_dir(settings: Settings, job_id: int) -> Path:
     return job_dir(settings, job_id) / "src"
 
 
+def baseline_dir(settings: Settings, job_id: int) -> Path:
+    """A command experiment's baseline arm: the clean export of the job's base commit."""
+    return job_dir(settings, job_id) / "base"
+
+
+def arms_path(settings: Settings, job_id: int) -> Path:
+    """Where a command job's arms were prepared on this host (trees, venvs, commits): written by
+    its preparation, read by the worker that runs it."""
+    return job_dir(settings, job_id) / "arms.json"
+
+
+def runs_dir(settings: Settings, job_id: int) -> Path:
+    """Each run's log of a command job."""
+    return job_dir(settings, job_id) / "runs"
+
+
 def log_path(settings: Settings, job_id: int, recorded: str | None = None) -> Path:
     """The job's log: the path its worker recorded, else where the layout puts it."""
     return Path(recorded) if recorded else job_dir(settings, job_id) / LOG_NAME

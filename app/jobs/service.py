@@ -26,7 +26,7 @@ from app.jobs.models import FINISHED, Job, Lease, Worker
 from app.jobs.schemas import JobOut
 from app.projects import service as ops
 from app.projects import service as projects
-from app.projects.config import ProjectConfig
+from app.projects.config import Experiment, ProjectConfig
 from app.projects.models import Project
 from app.settings import Settings
 
@@ -104,6 +104,8 @@ def submit(
         "seed": seed,
         "tolerance": declared.tolerance.model_dump(),
     }
+    if declared.kind == "command":
+        spec.update(command_spec(declared))
     now = utcnow()
     job = Job(
         cycle_id=cycle_id,
@@ -124,6 +126,23 @@ def submit(
     repo.add(session, job)
     session.flush()
     return job
+
+
+def command_spec(declared: Experiment) -> dict[str, Any]:
+    """What a command job's spec adds: the baseline arm's parameters (the experiment's
+    defaults), and how the control plane judges it (direction, the check gate), written here
+    from the config so that the judge never takes them from the result."""
+    check = None
+    if declared.check_pattern is not None:
+        check = {"direction": declared.check_direction, "tolerance": declared.check_tolerance}
+    return {
+        "kind": "command",
+        "baseline_parameters": dict(declared.defaults),
+        "metric": declared.metric,
+        "direction": declared.direction,
+        "time_metric": declared.time_metric,
+        "check": check,
+    }
 
 
 def get(session: Session, job_id: int) -> Job:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.errors import InvalidInput
+from app.projects import command as command_kind
 from app.settings import redact_text
 
 CONFIG_FILE = "autopilot.toml"
@@ -51,10 +52,17 @@ class Tolerance(BaseModel):
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    entry: str = Field(description="module run as `python -m <entry>`")
+    kind: Literal["harness", "command"] = Field(
+        default="harness",
+        description="harness: an entry module on experiments/harness; command: any program of "
+        "the repository, run and read from outside (DESIGN.md, Experiment kinds)",
+    )
+    entry: str | None = Field(default=None, description="module run as `python -m <entry>`")
     metric: str = "ratio"
     direction: Literal["lower", "higher"] = "lower"
-    time_limit_s: float = Field(default=600, gt=0, le=7 * 24 * 3600)
+    time_limit_s: float = Field(
+        default=600, gt=0, le=7 * 24 * 3600, description="per job (harness) or per run (command)"
+    )
     socket_suffix_len: int = Field(default=40, ge=0, le=100)
     tolerance: Tolerance = Field(default_factory=Tolerance)
     parameters: dict[str, list[Scalar]] = Field(default_factory=dict)
@@ -65,13 +73,104 @@ class Experiment(BaseModel):
         description="give the experiment the host's network; by default its sandbox has none "
         "(a benchmark reads no server, and untrusted code reaches none)",
     )
+    # -- kind = "command" ------------------------------------------------------------------
+    command: list[str] = Field(default_factory=list, description="argv with {parameter}s")
+    setup: list[str] = Field(default_factory=list, description="argv run once per prepared tree")
+    metric_pattern: str | None = None
+    metric_file: str | None = None
+    metric_key: str | None = None
+    metric_unit: Literal["time", "other"] | None = None
+    aggregate: command_kind.Aggregate = "last"
+    repeats: int = Field(default=5, ge=2, le=200, description="blocks: runs per arm")
+    warmup_runs: int = Field(default=0, ge=0, le=20)
+    check_pattern: str | None = None
+    check_direction: Literal["lower", "higher"] = "lower"
+    check_tolerance: float = Field(default=0.02, ge=0, le=10)
+
+    @field_validator("command", "setup", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+            raise ValueError(
+                f"{value!r} is not an argv: write a list of non-empty strings, no shell, e.g. "
+                '["python", "train.py", "--n_layer={n_layer}"]'
+            )
+        return value
 
     @field_validator("entry")
     @classmethod
-    def _entry(cls, value: str) -> str:
-        if not _ENTRY.fullmatch(value):
+    def _entry(cls, value: str | None) -> str | None:
+        if value is not None and not _ENTRY.fullmatch(value):
             raise ValueError(f"{value!r} is not a dotted module name like 'bench.main'")
         return value
+
+    @field_validator("metric_file")
+    @classmethod
+    def _metric_file(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError(f"{value!r} must be a path relative to the run's working directory")
+        return value
+
+    @model_validator(mode="after")
+    def _kind(self) -> Experiment:
+        command_keys = ("command", "setup", "metric_pattern", "metric_file", "check_pattern")
+        if self.kind == "harness":
+            if self.entry is None:
+                raise ValueError("an experiment of kind 'harness' needs `entry`, a module name")
+            for key in command_keys:
+                if getattr(self, key):
+                    raise ValueError(f"`{key}` is for kind = 'command'; this one is 'harness'")
+            return self
+        try:
+            self._check_command()
+        except command_kind.CommandError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def _check_command(self) -> None:
+        if self.entry is not None:
+            raise command_kind.CommandError(
+                "`entry` is for kind = 'harness'; a command experiment runs `command`"
+            )
+        if not self.command:
+            raise command_kind.CommandError(
+                "a command experiment needs `command`, an argv such as "
+                '["python", "train.py", "--n_layer={n_layer}"]'
+            )
+        if (self.metric_pattern is None) == (self.metric_file is None):
+            raise command_kind.CommandError(
+                "a command experiment reads its metric with `metric_pattern` (a regex with a "
+                "`value` group) or with `metric_file` and `metric_key`: exactly one of the two"
+            )
+        if (self.metric_file is None) != (self.metric_key is None):
+            raise command_kind.CommandError("`metric_file` and `metric_key` go together")
+        if self.metric_pattern is not None:
+            command_kind.check_pattern(self.metric_pattern, "metric_pattern")
+        if self.check_pattern is not None:
+            command_kind.check_pattern(self.check_pattern, "check_pattern")
+        for name in command_kind.placeholders(self.command):
+            if name == command_kind.DEVICE_PLACEHOLDER:
+                continue
+            if name not in self.parameters:
+                raise command_kind.CommandError(
+                    f"command placeholder {{{name}}} is not a declared parameter; declared: "
+                    f"{', '.join(sorted(self.parameters)) or '(none)'}"
+                )
+            if name not in self.defaults:
+                raise command_kind.CommandError(
+                    f"command placeholder {{{name}}} has no default: the baseline arm runs "
+                    "with [defaults], so each parameter of the command needs one"
+                )
+        for name in command_kind.placeholders(self.setup):
+            if name != command_kind.DEVICE_PLACEHOLDER:
+                raise command_kind.CommandError(
+                    f"setup placeholder {{{name}}}: setup runs once per prepared tree, for "
+                    "every parameter, so it takes only {device}"
+                )
+
+    @property
+    def time_metric(self) -> bool:
+        return self.kind == "harness" or command_kind.is_time_metric(self.metric, self.metric_unit)
 
     @field_validator("parameters")
     @classmethod

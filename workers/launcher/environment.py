@@ -140,6 +140,7 @@ def build_child_env(
     pythonpath: Sequence[Path] = (),
     requirements_hash: str | None = None,
     extra: Mapping[str, str] | None = None,
+    safe_path: bool = True,
 ) -> dict[str, str]:
     """The complete environment of an experiment process (and of its preflight guard).
 
@@ -149,7 +150,10 @@ def build_child_env(
     There is deliberately no per-job `PYTHONPYCACHEPREFIX`: an empty prefix hides the stdlib's
     and the venv's caches too and made every job compile all it imports (`import torch` 2.1 s
     -> 5.4 s, docs/benchmarks.md); the venv is read-only in the sandbox, so its caches cannot
-    be planted by a job."""
+    be planted by a job.
+
+    A command experiment's script (`safe_path=False`) runs as it would from a shell: its own
+    folder first on sys.path, so it imports the modules beside it."""
     env = {
         name: value
         for name, value in base_env.items()
@@ -161,7 +165,8 @@ def build_child_env(
     venv_bin = os.path.join(os.path.abspath(venv), "bin")
     env["PATH"] = os.pathsep.join(p for p in (venv_bin, env.get("PATH", os.defpath)) if p)
     env.update(validate_extra(extra or {}))
-    env["PYTHONSAFEPATH"] = "1"  # a module in cwd cannot shadow the entry or its imports
+    if safe_path:  # a module in cwd cannot shadow the entry or its imports
+        env["PYTHONSAFEPATH"] = "1"
     env["PYTHONNOUSERSITE"] = "1"  # ~/.local is outside the venv: never on the job's path
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in pythonpath)

@@ -51,6 +51,9 @@ class LaunchSpec:
     sandboxed: bool = False  # under bubblewrap (`Settings.sandbox == "on"`)
     network: bool = False  # the host's network inside the sandbox (the experiment's `network`)
     cgroup: str | None = None  # its cgroup's name (`job-<id>`); None: its process group only
+    #: A command experiment's run: this argv instead of `python -m <entry>`, run as a script is
+    #: from a shell (its own folder on sys.path), and no result.json is read back.
+    argv: tuple[str, ...] | None = None
 
     @property
     def python(self) -> Path:
@@ -77,7 +80,12 @@ class LaunchSpec:
             pythonpath=self.pythonpath,
             requirements_hash=self.requirements_hash,
             extra=self.extra_env,
+            safe_path=self.argv is None,
         )
+
+    def command(self) -> list[str]:
+        """What is executed: `python -m <entry>`, or the command's argv."""
+        return [str(self.python), "-m", self.entry] if self.argv is None else list(self.argv)
 
     def policy(self) -> sandbox.Policy | None:
         """Its sandbox, or None when it runs unconfined."""

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import selectors
+import shlex
 import signal
 import socket
 import stat
@@ -51,6 +52,7 @@ class Limits:
     max_event_bytes: int = 64 << 10  # one JSON line
     max_result_bytes: int = 16 << 20
     drain_s: float = 2.0  # after exit, how long to wait for pipes held by escaped processes
+    read_result: bool = True  # False for a command's run: its output is read, not result.json
 
 
 @dataclass
@@ -175,7 +177,7 @@ def run_job(
     launch, missed = "cold", None
     cgroup: sandbox.Cgroup | None = None
     try:
-        if not ENTRY.match(job.entry):
+        if job.argv is None and not ENTRY.match(job.entry):
             raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
         if spare is not None and (missed := spare.fits(job)) is not None:
             spare.close()
@@ -205,7 +207,7 @@ def run_job(
             if proc is None:
                 try:
                     proc = spawn(
-                        [str(job.python), "-m", job.entry],
+                        job.command(),
                         job.cwd,
                         env,
                         subprocess.DEVNULL,
@@ -213,7 +215,7 @@ def run_job(
                         cgroup=cgroup,
                     )
                 except OSError as exc:
-                    raise LaunchError(f"cannot start {job.python} -m {job.entry}: {exc}") from exc
+                    raise LaunchError(f"cannot start {shlex.join(job.command())}: {exc}") from exc
             outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn, cgroup)
             outcome.launch, outcome.spare_missed = launch, missed
             return outcome
@@ -367,7 +369,11 @@ def _supervise(
         proc.stdout.close()
         proc.stderr.close()
     duration = time.monotonic() - started
-    result, result_error = _read_result(job.result_path, returncode, lim.max_result_bytes)
+    result, result_error = (
+        _read_result(job.result_path, returncode, lim.max_result_bytes)
+        if lim.read_result
+        else (None, None)
+    )
     if timed_out:
         result_error = f"timed out after {lim.timeout_s:g} s" + (
             f"; {result_error}" if result_error else ""

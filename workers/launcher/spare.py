@@ -300,6 +300,12 @@ class SpareSlot:
         self.spare: Spare | None = None
         self._swept = False
 
+    def discard(self) -> None:
+        """Close the parked spare, if any (the next job runs no interpreter of ours)."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._discard(spare)
+
     def take(
         self,
         *,

@@ -1,0 +1,168 @@
+"""The control plane's judgement of a command experiment (DESIGN.md, "Experiment kinds"; lesson
+9): candidate arm against baseline arm, from every run's value.
+
+The GPU host's runner read one value per run from the program's output and recorded them by
+arm and role (`workers/command_runs.py`); the program itself claims nothing. Judged here, with
+the harness's statistics (`autopilot_harness.stats`) and the job's spec (what the control plane
+wrote at submission: direction, check gate, seed), never the result's own copy of them:
+
+- the ratio candidate / baseline: the median of the per-block paired ratios, with its
+  bootstrap 95% CI (seed = spec seed + 1);
+- the A/A noise floor: the second baseline run of each block against the first (seed = spec
+  seed);
+- the check gate first: the candidate's median check value may not be worse than the
+  baseline's beyond the relative tolerance; a failed gate is `rejected_accuracy`;
+- then the verdict: `faster`/`slower` for a time metric, `better`/`worse` otherwise, only when
+  the whole CI clears 1 and the ratio clears the noise floor; `inconclusive` otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from autopilot_harness import stats
+
+from app.cycles.exceptions import Unjudgeable
+
+JUDGE = "control-plane"
+# The bootstrap holds n_boot x n resampled values: the untrusted report must not choose how
+# much of the control host's memory a judgement takes (10k pairs: ~320 MB at most).
+MAX_PAIRS = 10_000
+
+ROLES = ("baseline", "candidate", "baseline_aa")
+_FIGURES = ("ratio", "ci_low", "ci_high")
+
+
+def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The judged copy of a command job's `result` under its `spec`."""
+    judged = copy.deepcopy(dict(result))
+    if result.get("status") != "ok":
+        return judged
+    seed = spec.get("seed", 0) or 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise Unjudgeable(f"the job's spec has seed {seed!r}; a seed is an integer >= 0")
+    direction = spec.get("direction")
+    if direction not in ("lower", "higher"):
+        raise Unjudgeable(f"the job's spec has direction {direction!r}; expected lower or higher")
+    samples = result.get("samples")
+    if not isinstance(samples, Mapping):
+        raise Unjudgeable("samples is missing: a command result holds each run's value by role")
+    values = {role: _values(samples.get(role), f"samples.{role}") for role in ROLES}
+    lengths = {len(v) for v in values.values()}
+    if len(lengths) != 1:
+        raise Unjudgeable(
+            "samples: the roles hold "
+            + ", ".join(f"{role} {len(v)}" for role, v in values.items())
+            + " values; each block has one run of each"
+        )
+    noise = stats.estimate_ratio(values["baseline"], values["baseline_aa"], seed=seed)
+    floor = stats.noise_floor(noise)
+    estimate = stats.estimate_ratio(values["baseline"], values["candidate"], seed=seed + 1)
+    check = _check(spec.get("check"), result.get("checks"))
+    passed = check is None or bool(check["pass"])
+    decided = stats.decide(estimate, floor, accuracy_pass=passed)
+    verdict = _word(decided, direction, bool(spec.get("time_metric")))
+    judged.update(estimate.as_dict())
+    judged["verdict"] = verdict
+    judged["noise_floor"] = {**noise.as_dict(), "floor": floor}
+    if check is not None:
+        judged["check"] = check
+    judged["headline"] = {
+        "kind": "command",
+        "metric": spec.get("metric") or result.get("metric"),
+        "variant": "candidate",
+        "baseline": "baseline",
+        **{k: judged[k] for k in _FIGURES},
+        "verdict": verdict,
+        "noise_floor": floor,
+        "accuracy_pass": passed,
+    }
+    judged["judgement"] = {
+        "by": JUDGE,
+        "seed": seed,
+        "direction": direction,
+        "self_reported": {},
+        "disagreements": [],
+        "not_judged": [],
+    }
+    return judged
+
+
+def _word(decided: str, direction: str, time_metric: bool) -> str:
+    """`stats.decide` reads a ratio below 1 as `faster`; a higher-is-better metric improves
+    above 1, and a metric that is not a time is better or worse, not faster or slower."""
+    if decided not in ("faster", "slower"):
+        return decided
+    improved = (decided == "faster") == (direction == "lower")
+    if time_metric and direction == "lower":
+        return "faster" if improved else "slower"
+    return "better" if improved else "worse"
+
+
+def _values(raw: Any, where: str) -> list[float]:
+    if not isinstance(raw, list):
+        raise Unjudgeable(f"{where} must be a list of the runs' values")
+    if len(raw) < 2:
+        raise Unjudgeable(f"{where} has {len(raw)} value(s); a confidence interval needs 2")
+    if len(raw) > MAX_PAIRS:
+        raise Unjudgeable(f"{where} has {len(raw)} values, over the {MAX_PAIRS} judged")
+    out = []
+    for i, value in enumerate(raw):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise Unjudgeable(f"{where}[{i}] is not a number: {str(value)[:40]!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise Unjudgeable(
+                f"{where}[{i}] is {value!r}: ratios need positive values (a time, a loss, a "
+                "throughput); read a positive quantity from the program's output"
+            )
+        out.append(float(value))
+    return out
+
+
+def _check(wanted: Any, raw: Any) -> dict[str, Any] | None:
+    """The check gate the spec asks for, on the runs' check values; None without one."""
+    if wanted is None:
+        return None
+    if not isinstance(wanted, Mapping) or wanted.get("direction") not in ("lower", "higher"):
+        raise Unjudgeable(f"the job's spec has check {wanted!r}; expected direction and tolerance")
+    tolerance = wanted.get("tolerance")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance < 0:
+        raise Unjudgeable(f"the job's spec has check tolerance {tolerance!r}; expected >= 0")
+    if not isinstance(raw, Mapping):
+        raise Unjudgeable("checks is missing: the spec gates on a check value each run reports")
+    base = _finite(raw.get("baseline"), "checks.baseline")
+    cand = _finite(raw.get("candidate"), "checks.candidate")
+    base_median, cand_median = statistics.median(base), statistics.median(cand)
+    slack = float(tolerance) * abs(base_median)
+    lower = wanted["direction"] == "lower"
+    passed = cand_median <= base_median + slack if lower else cand_median >= base_median - slack
+    reason = None
+    if not passed:
+        reason = (
+            f"the candidate's median check value {cand_median:.6g} is worse than the "
+            f"baseline's {base_median:.6g} beyond the {float(tolerance):.3g} relative tolerance "
+            f"({'lower' if lower else 'higher'} is better)"
+        )
+    return {
+        "metric": raw.get("metric", "check"),
+        "direction": wanted["direction"],
+        "tolerance": float(tolerance),
+        "baseline": base_median,
+        "candidate": cand_median,
+        "pass": passed,
+        "reason": reason,
+    }
+
+
+def _finite(raw: Any, where: str) -> list[float]:
+    if not isinstance(raw, list) or not raw:
+        raise Unjudgeable(f"{where} must be a non-empty list of the runs' check values")
+    for i, value in enumerate(raw):
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if number is None or not math.isfinite(number):
+            raise Unjudgeable(f"{where}[{i}] is not a finite number: {str(value)[:40]!r}")
+    return [float(v) for v in raw]

@@ -1,0 +1,81 @@
+"""A running job's heartbeat: it renews the job's lease while the job runs, keeps the log's tail
+in the ops DB for the control host, and kills the job's process group when cancellation is
+asked."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from app.jobs import logs, paths
+from app.jobs import service as jobs
+
+if TYPE_CHECKING:
+    from workers.gpu import RunLoop
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Renews the lease while the job runs; kills the job's group when cancellation is asked."""
+
+    def __init__(self, loop: RunLoop, job_id: int) -> None:
+        self.loop, self.job_id = loop, job_id
+        self.pgid: int | None = None
+        self.spawned_at: float | None = None  # wall clock, set at spawn or hand-over
+        self.cancelled = False
+        self._killed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        interval = self.loop.settings.heartbeat_interval_s
+        while not self._stop.wait(interval):
+            try:
+                with self.loop.stores.ops_session() as session:
+                    wanted = jobs.heartbeat(
+                        session,
+                        self.loop.settings,
+                        self.job_id,
+                        self.loop.me.name,
+                        log_tail=logs.tail_text(
+                            paths.log_path(self.loop.settings, self.job_id), paths.LOG_TAIL_BYTES
+                        ),
+                    )
+            except jobs.LeaseLost:
+                wanted = True  # someone else owns it now: stop ours
+            except Exception:  # a DB hiccup: keep the job, try again next beat
+                log.warning("heartbeat of job %s failed", self.job_id, exc_info=True)
+                continue
+            if wanted:
+                self.cancelled = True
+            # A cancel seen before the spawn (pgid unknown yet) is acted on at the next beat.
+            if self.cancelled and not self._killed and self.pgid is not None:
+                self._killed = True
+                self._kill()
+
+    def _kill(self) -> None:
+        if self.pgid is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 0.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(self.pgid, 0)
+                except ProcessLookupError:
+                    return
+                self._stop.wait(0.05)
