@@ -24,11 +24,11 @@ import shlex
 import shutil
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from app.db import Stores
 from app.errors import InvalidInput
@@ -204,22 +204,156 @@ def _failure(outcome: runner.Outcome, limit_s: float) -> str | None:
     return None
 
 
-# -- the lease ----------------------------------------------------------------------------
+# -- the runs -----------------------------------------------------------------------------
 
 
 @dataclass
-class _Context:
-    stores: Stores
+class Arms:
+    """One command job's two arms on this host, and how each of their runs goes: in its arm's
+    tree and venv, in the job's sandbox and cgroup, read from outside."""
+
     settings: Settings
-    me: WorkerIdentity
-    ticket: Ticket
-    beat: Heartbeat
+    job_id: int
     experiment: Experiment
-    arms: dict[str, ArmPlace]
-    argvs: dict[str, list[str]]
-    preparer: Preparer | None
-    log: Any  # the job log, open for appending
-    started: bool = False
+    places: dict[str, ArmPlace]
+    parameters: dict[str, dict[str, Any]]  # by arm
+    device: str  # what {device} becomes: cpu or cuda:0
+    device_env: str | None = None  # CUDA_VISIBLE_DEVICES of the runs
+    log: TextIO | None = None  # the job log: one line per run
+    on_spawn: runner.SpawnCallback | None = None
+    cancelled: Callable[[], bool] = lambda: False
+
+    def __post_init__(self) -> None:
+        self.argvs = {
+            arm: command_kind.render(self.experiment.command, self.parameters[arm], self.device)
+            for arm in command_kind.ARMS
+        }
+
+    def run(self, plan: Sequence[command_kind.Run]) -> list[dict[str, Any]]:
+        """Every run's record, in order; RunFailed names the first run that gave no value.
+        Stops early (fewer records) when `cancelled()` says so."""
+        records = []
+        for run in plan:
+            if self.cancelled():
+                break
+            record = self.run_one(run, len(plan))
+            if self.cancelled():
+                break
+            records.append(record)
+        return records
+
+    def run_one(self, run: command_kind.Run, total: int) -> dict[str, Any]:
+        experiment, place, argv = self.experiment, self.places[run.arm], self.argvs[run.arm]
+        label = f"run {run.index + 1}/{total} ({run.role}, {shlex.join(argv)})"
+        metric_file = place.tree / experiment.metric_file if experiment.metric_file else None
+        if metric_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                metric_file.unlink()  # only this run's file may be read after it
+        outcome = _run(
+            self.settings,
+            self.job_id,
+            experiment,
+            place,
+            argv,
+            device_env=self.device_env,
+            on_spawn=self.on_spawn,
+        )
+        name = f"{run.index:03d}-{run.arm}.log"
+        _write_log(paths.runs_dir(self.settings, self.job_id) / name, argv, outcome)
+        problem = _failure(outcome, experiment.time_limit_s)
+        if problem is not None and not self.cancelled():
+            raise RunFailed(f"{label} {problem}; last lines:\n{_tail(outcome)}")
+        try:
+            value, check = self._read(outcome, metric_file)
+        except command_kind.CommandError as exc:
+            if self.cancelled():
+                return {}
+            raise RunFailed(f"{label}: {exc}; last lines:\n{_tail(outcome)}") from None
+        if self.log is not None:
+            shown = f"{experiment.metric}={value:g}" + (
+                f", check={check:g}" if check is not None else ""
+            )
+            self.log.write(
+                f"[run {run.index + 1}/{total}] {run.role}: {shown} in {outcome.duration_s:.2f} s\n"
+            )
+            self.log.flush()
+        return {
+            "index": run.index,
+            "block": run.block,
+            "arm": run.arm,
+            "role": run.role,
+            "value": value,
+            "check": check,
+            "exit_code": outcome.returncode,
+            "duration_s": round(outcome.duration_s, 6),
+            "log": f"runs/{name}",
+        }
+
+    def _read(
+        self, outcome: runner.Outcome, metric_file: Path | None
+    ) -> tuple[float, float | None]:
+        experiment = self.experiment
+        texts = (outcome.stdout, outcome.stderr)
+        if metric_file is not None:
+            value = command_kind.read_json_key(
+                _read_metric_file(metric_file),
+                str(experiment.metric_key),
+                f"metric_file {experiment.metric_file!r}",
+            )
+        else:
+            pattern = command_kind.check_pattern(str(experiment.metric_pattern), "metric_pattern")
+            value = command_kind.read_pattern(
+                texts, pattern, experiment.aggregate, "metric_pattern"
+            )
+        check = None
+        if experiment.check_pattern is not None:
+            check_re = command_kind.check_pattern(experiment.check_pattern, "check_pattern")
+            check = command_kind.read_pattern(texts, check_re, "last", "check_pattern")
+        return value, check
+
+    def result(
+        self, records: list[dict[str, Any]], *, name: str, spec_device: str, host: str
+    ) -> dict[str, Any]:
+        """The raw result: every run's value, by arm and role, in block order."""
+        experiment = self.experiment
+
+        def by(role: str, key: str = "value") -> list[Any]:
+            rows = sorted((r for r in records if r["role"] == role), key=lambda r: r["block"])
+            return [r[key] for r in rows]
+
+        result: dict[str, Any] = {
+            "status": "ok",
+            "kind": "command",
+            "experiment": name,
+            "metric": experiment.metric,
+            "direction": experiment.direction,
+            "time_metric": experiment.time_metric,
+            "device": spec_device,
+            "repeats": experiment.repeats,
+            "warmup_runs": experiment.warmup_runs,
+            "sandbox": self.settings.sandbox,
+            "arms": {
+                arm: {
+                    "commit": self.places[arm].commit,
+                    "parameters": dict(self.parameters[arm]),
+                    "command": self.argvs[arm],
+                }
+                for arm in command_kind.ARMS
+            },
+            "runs": sorted(records, key=lambda r: r["index"]),
+            "samples": {role: by(role) for role in ("baseline", "candidate", "baseline_aa")},
+            "environment": {"host": host, "device": self.device_env or "cpu"},
+        }
+        if experiment.check_pattern is not None:
+            result["checks"] = {
+                "metric": "check",
+                "baseline": by("baseline", "check"),
+                "candidate": by("candidate", "check"),
+            }
+        return result
+
+
+# -- the lease ----------------------------------------------------------------------------
 
 
 def run_command_job(
@@ -237,47 +371,63 @@ def run_command_job(
     if spares is not None:
         spares.discard()  # no interpreter of ours runs a command: nothing to hand over
     spec = ticket.spec
+    started = False
+
+    def spawned(pid: int, pgid: int) -> None:
+        """Each run's group is the one a cancel kills; the first run starts the job."""
+        nonlocal started
+        beat.pgid, beat.spawned_at = pgid, time.time()
+        if started:
+            return
+        started = True
+        with stores.ops_session() as session:
+            jobs.mark_running(session, ticket.job_id, me.name, pid, pgid)
+            jobs.mark_first_line(session, ticket.job_id, me.name, datetime.now(UTC))
+        if preparer is not None:
+            preparer.kick()  # the job's start is behind it: prepare what follows
+
     try:
         cfg_path = paths.launch_config(settings, ticket.job_id)
         cfg = project_config.parse(cfg_path.read_text(encoding="utf-8"), str(cfg_path))
-        experiment = cfg.experiment(ticket.experiment)
-        arms = read_arms(settings, ticket.job_id)
-        device = command_kind.device_name(str(spec.get("device", "cpu")))
-        parameters = {"baseline": spec["baseline_parameters"], "candidate": spec["parameters"]}
-        argvs = {
-            arm: command_kind.render(experiment.command, parameters[arm], device) for arm in arms
-        }
+        arms = Arms(
+            settings,
+            ticket.job_id,
+            cfg.experiment(ticket.experiment),
+            read_arms(settings, ticket.job_id),
+            {"baseline": spec["baseline_parameters"], "candidate": spec["parameters"]},
+            command_kind.device_name(str(spec.get("device", "cpu"))),
+            device_env=me.device or None,
+            on_spawn=spawned,
+            cancelled=lambda: beat.cancelled,
+        )
     except (InvalidInput, OSError, KeyError, ValueError) as exc:
         return jobs.JobOutcome(
             state="failed",
             error=redact_text(f"cannot read the command job's preparation: {exc}"),
             log_path=str(log_path),
         )
+    experiment = arms.experiment
     plan = command_kind.schedule(
         experiment.repeats, experiment.warmup_runs, int(spec.get("seed", 0))
     )
     records: list[dict[str, Any]] = []
+    error: str | None = None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log_file:
-        ctx = _Context(
-            stores, settings, me, ticket, beat, experiment, arms, argvs, preparer, log_file
-        )
+        arms.log = log_file
         if settings.sandbox != "on":
             log_file.write(confine.UNCONFINED_LOG_LINE + "\n")
         for arm in command_kind.ARMS:
-            log_file.write(f"[command] {arm} at {arms[arm].commit}: {shlex.join(argvs[arm])}\n")
+            commit = arms.places[arm].commit
+            log_file.write(f"[command] {arm} at {commit}: {shlex.join(arms.argvs[arm])}\n")
         log_file.write(
             f"[command] {len(plan)} runs: {experiment.warmup_runs} warm-up per arm, "
             f"{experiment.repeats} blocks of baseline, candidate and A/A baseline\n"
         )
         log_file.flush()
-        error: str | None = None
         beat.start()
         try:
-            for run in plan:
-                if beat.cancelled:
-                    break
-                records.append(_one(ctx, run, len(plan)))
+            records = arms.run(plan)
         except RunFailed as exc:
             error = str(exc)
         finally:
@@ -289,74 +439,17 @@ def run_command_job(
     elif error is not None:
         outcome.error = redact_text(error)
     else:
-        result = _result(ctx, records)
+        result = arms.result(
+            records,
+            name=ticket.experiment,
+            spec_device=str(spec.get("device", "cpu")),
+            host=me.host,
+        )
         saved = paths.job_dir(settings, ticket.job_id) / "result.json"
         saved.write_text(json.dumps(result, indent=2))
         outcome.state, outcome.exit_code = "succeeded", 0
         outcome.result, outcome.result_path = result, str(saved)
     return outcome
-
-
-def _one(ctx: _Context, run: command_kind.Run, total: int) -> dict[str, Any]:
-    experiment, place = ctx.experiment, ctx.arms[run.arm]
-    argv = ctx.argvs[run.arm]
-    label = f"run {run.index + 1}/{total} ({run.role}, {shlex.join(argv)})"
-    metric_file = place.tree / experiment.metric_file if experiment.metric_file else None
-    if metric_file is not None:
-        with contextlib.suppress(FileNotFoundError):
-            metric_file.unlink()  # only this run's file may be read after it
-    outcome = _run(
-        ctx.settings,
-        ctx.ticket.job_id,
-        experiment,
-        place,
-        argv,
-        device_env=ctx.me.device or None,
-        on_spawn=lambda pid, pgid: _spawned(ctx, pid, pgid),
-    )
-    name = f"{run.index:03d}-{run.arm}.log"
-    _write_log(paths.runs_dir(ctx.settings, ctx.ticket.job_id) / name, argv, outcome)
-    if ctx.beat.cancelled:
-        return {"index": run.index, "duration_s": outcome.duration_s}
-    problem = _failure(outcome, experiment.time_limit_s)
-    if problem is not None:
-        raise RunFailed(f"{label} {problem}; last lines:\n{_tail(outcome)}")
-    texts = (outcome.stdout, outcome.stderr)
-    try:
-        if metric_file is not None:
-            value = command_kind.read_json_key(
-                _read_metric_file(metric_file),
-                str(experiment.metric_key),
-                f"metric_file {experiment.metric_file!r}",
-            )
-        else:
-            pattern = command_kind.check_pattern(str(experiment.metric_pattern), "metric_pattern")
-            value = command_kind.read_pattern(
-                texts, pattern, experiment.aggregate, "metric_pattern"
-            )
-        check = None
-        if experiment.check_pattern is not None:
-            check_re = command_kind.check_pattern(experiment.check_pattern, "check_pattern")
-            check = command_kind.read_pattern(texts, check_re, "last", "check_pattern")
-    except command_kind.CommandError as exc:
-        raise RunFailed(f"{label}: {exc}; last lines:\n{_tail(outcome)}") from None
-    record = {
-        "index": run.index,
-        "block": run.block,
-        "arm": run.arm,
-        "role": run.role,
-        "value": value,
-        "check": check,
-        "exit_code": outcome.returncode,
-        "duration_s": round(outcome.duration_s, 6),
-        "log": f"runs/{name}",
-    }
-    shown = f"{experiment.metric}={value:g}" + (f", check={check:g}" if check is not None else "")
-    ctx.log.write(
-        f"[run {run.index + 1}/{total}] {run.role}: {shown} in {outcome.duration_s:.2f} s\n"
-    )
-    ctx.log.flush()
-    return record
 
 
 def _read_metric_file(path: Path) -> bytes:
@@ -378,59 +471,3 @@ def _read_metric_file(path: Path) -> bytes:
             f"metric_file {path.name!r} is over {MAX_METRIC_FILE} bytes"
         )
     return data
-
-
-def _spawned(ctx: _Context, pid: int, pgid: int) -> None:
-    """Each run's group is the one a cancel kills; the first run starts the job."""
-    ctx.beat.pgid = pgid
-    ctx.beat.spawned_at = time.time()
-    if ctx.started:
-        return
-    ctx.started = True
-    with ctx.stores.ops_session() as session:
-        jobs.mark_running(session, ctx.ticket.job_id, ctx.me.name, pid, pgid)
-        jobs.mark_first_line(session, ctx.ticket.job_id, ctx.me.name, datetime.now(UTC))
-    if ctx.preparer is not None:
-        ctx.preparer.kick()  # the job's start is behind it: prepare what follows
-
-
-def _result(ctx: _Context, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The raw result: every run's value, by arm and role, in block order."""
-    experiment, spec = ctx.experiment, ctx.ticket.spec
-
-    def by(role: str, key: str = "value") -> list[float]:
-        rows = sorted((r for r in records if r["role"] == role), key=lambda r: r["block"])
-        return [r[key] for r in rows]
-
-    result: dict[str, Any] = {
-        "status": "ok",
-        "kind": "command",
-        "experiment": ctx.ticket.experiment,
-        "metric": experiment.metric,
-        "direction": experiment.direction,
-        "time_metric": experiment.time_metric,
-        "device": str(spec.get("device", "cpu")),
-        "repeats": experiment.repeats,
-        "warmup_runs": experiment.warmup_runs,
-        "sandbox": ctx.settings.sandbox,
-        "arms": {
-            arm: {
-                "commit": ctx.arms[arm].commit,
-                "parameters": dict(
-                    spec["baseline_parameters" if arm == "baseline" else "parameters"]
-                ),
-                "command": ctx.argvs[arm],
-            }
-            for arm in command_kind.ARMS
-        },
-        "runs": sorted(records, key=lambda r: r["index"]),
-        "samples": {role: by(role) for role in ("baseline", "candidate", "baseline_aa")},
-        "environment": {"host": ctx.me.host, "device": ctx.me.device or "cpu"},
-    }
-    if experiment.check_pattern is not None:
-        result["checks"] = {
-            "metric": "check",
-            "baseline": by("baseline", "check"),
-            "candidate": by("candidate", "check"),
-        }
-    return result
