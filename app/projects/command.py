@@ -136,7 +136,7 @@ def read_pattern(
         if match.group("value") is not None
     ]
     if not found:
-        raise CommandError(f"{what} {pattern.pattern!r} never matched the run's output")
+        raise CommandError(f"{what} '{pattern.pattern}' never matched the run's output")
     return aggregate(found, how)
 
 
