@@ -26,6 +26,7 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Names of metrics read as times (the verdict then says faster/slower, not better/worse).
 _TIME_NAME = re.compile(r"(?:^|_)(?:ms|s|us|ns|sec|secs|seconds|time|latency)$")
+_RATE_NAME = re.compile(r"(?:^|_)per(?:_|$)")  # tokens_per_s: a rate, not a time
 #: What `{device}` becomes: a worker pins one GPU with CUDA_VISIBLE_DEVICES, so it is cuda:0.
 DEVICE_PLACEHOLDER = "device"
 
@@ -90,7 +91,8 @@ def device_name(spec_device: str) -> str:
 def is_time_metric(metric: str, unit: str | None = None) -> bool:
     if unit is not None:
         return unit == "time"
-    return bool(_TIME_NAME.search(metric.lower()))
+    name = metric.lower()
+    return bool(_TIME_NAME.search(name)) and not _RATE_NAME.search(name)
 
 
 def check_pattern(pattern: str, key: str) -> re.Pattern[str]:

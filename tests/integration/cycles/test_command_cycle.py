@@ -5,6 +5,7 @@ plane computes from every run's value; an agent's code change is judged head aga
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,8 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers
 from tests.support import bearer, wait_for
+
+TINY_TRAIN = Path(__file__).resolve().parents[3] / "experiments" / "projects" / "tiny_train"
 
 # A lab's benchmark script as it already is: it knows nothing of the service.
 SCRIPT = '''
@@ -151,40 +154,53 @@ def committed(workers: Workers, project: str, cycle: dict[str, Any], name: str) 
     ).stdout
 
 
+def tiny_train_repo(root: Path) -> Path:
+    """experiments/projects/tiny_train as a lab has it: a training script, plus autopilot.toml."""
+    repo_dir = root / "tiny-train"
+    shutil.copytree(TINY_TRAIN, repo_dir)
+    repo = git.Repo.init(repo_dir, initial_branch="main")
+    repo.index.add(["train.py", "README.md", "autopilot.toml"])
+    actor = git.Actor("t", "t@example.invalid")
+    repo.index.commit("a training script", author=actor, committer=actor)
+    return repo_dir
+
+
 def test_a_parameter_that_doubles_the_work_is_judged_slower(
     workers: Workers, stores: Stores, tmp_path: Path
 ) -> None:
-    repo = script_repo(tmp_path, "steps-param")
+    repo = tiny_train_repo(tmp_path)
     cycle = run_cycle(
         workers,
         stores,
         repo,
-        {"project": "steps-param", "experiment": "steps", "parameters": {"n": 40000}},
+        {"project": "tiny-train", "experiment": "train", "parameters": {"width": 32}},
     )
     head = cycle["headline"]
     assert cycle["verdict"] == "slower", cycle
     assert head["ci_low"] > 1 + head["noise_floor"], head  # the whole CI clears the floor
-    assert 1.5 < head["ratio"] < 2.6, head
+    assert 1.5 < head["ratio"] < 4, head
     assert head["accuracy_pass"] is True and head["metric"] == "step_ms"
 
     with stores.ops_session() as session:
         job = session.query(Job).filter_by(cycle_id=cycle["id"]).one()
         result = dict(job.result or {})
         log_path = Path(str(job.log_path))
-    # 1 warm-up per arm, then 6 blocks of baseline, candidate and A/A baseline
-    assert len(result["runs"]) == 2 + 18
-    assert result["arms"]["candidate"]["command"] == ["python", "bench.py", "--n=40000", "--device=cpu"]
-    assert result["arms"]["baseline"]["command"] == ["python", "bench.py", "--n=20000", "--device=cpu"]
+    # 1 warm-up per arm, then 5 blocks of baseline, candidate and A/A baseline
+    assert len(result["runs"]) == 2 + 15
+    command = ["python", "train.py", "--width={}", "--batch=16", "--steps=200", "--lr=0.05"]
+    for arm, width in (("baseline", 16), ("candidate", 32)):
+        want = [a.format(width) for a in command] + ["--device=cpu"]
+        assert result["arms"][arm]["command"] == want
     assert result["sandbox"] == "on"
     runs_dir = log_path.parent / "runs"
     kept = sorted(p.name for p in runs_dir.iterdir())
-    assert len(kept) == 20 and kept[0] in ("000-baseline.log", "000-candidate.log")
-    assert "time" in (runs_dir / kept[-1]).read_text()
+    assert len(kept) == 17 and kept[0] in ("000-baseline.log", "000-candidate.log")
+    assert "val loss" in (runs_dir / kept[-1]).read_text()
 
-    judged = json.loads(committed(workers, "steps-param", cycle, "result.json"))
+    judged = json.loads(committed(workers, "tiny-train", cycle, "result.json"))
     assert judged["verdict"] == "slower" and judged["judgement"]["by"] == "control-plane"
     assert judged["check"]["pass"] is True
-    assert "**Verdict: slower**" in committed(workers, "steps-param", cycle, "REPORT.md")
+    assert "**Verdict: slower**" in committed(workers, "tiny-train", cycle, "REPORT.md")
 
 
 def test_an_agents_code_change_is_judged_head_against_base(

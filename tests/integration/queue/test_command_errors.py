@@ -97,8 +97,9 @@ def test_each_failing_run_fails_its_job_with_the_run_and_its_last_lines(
     assert "run 1/6 (" in errors["exits"] and "python run.py exit) exited with 3" in errors["exits"]
     assert "Traceback: the dataset is missing" in errors["exits"]  # its last lines
     assert "metric_pattern matched 'fast', which is not a number" in errors["words"]
-    assert "metric_pattern 'time (?P<value>\\S+)ms' never matched the run's output" in (
-        errors["silent"]
+    assert (
+        "metric_pattern 'time (?P<value>\\S+)ms' never matched the run's output"
+        in (errors["silent"])
     )
     assert "done, nothing measured" in errors["silent"]
     assert "metric_file 'metrics.json' did not appear" in errors["nofile"]

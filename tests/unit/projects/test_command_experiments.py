@@ -162,6 +162,7 @@ def test_time_metrics_are_told_from_their_names_or_unit() -> None:
     assert command.is_time_metric("iter_ms") and command.is_time_metric("latency")
     assert command.is_time_metric("step_time") and command.is_time_metric("epoch_seconds")
     assert not command.is_time_metric("val_bpb") and not command.is_time_metric("loss")
+    assert not command.is_time_metric("tokens_per_s")  # a rate
     assert command.is_time_metric("val_bpb", "time") and not command.is_time_metric(
         "iter_ms", "other"
     )
