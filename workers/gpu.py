@@ -292,6 +292,9 @@ class RunLoop:
                     log_file.write(outcome.stdout)
                     log_file.write(outcome.stderr)
             result = self._outcome(ticket, outcome, error, beat.cancelled, log_path)
+            if result.state == "succeeded" and ticket.spec.get("head_vs_base"):
+                beat = Heartbeat(self, ticket.job_id)  # the code changed: base against head too
+                result = command_runs.head_vs_base(self.settings, self.me, ticket, result, beat)
         except OSError as exc:
             # The job's folder cannot be written (its filesystem is full or read-only): record
             # that as the outcome now. Raising would leave the lease to lapse and the job to be

@@ -112,6 +112,7 @@ class _Source:
     queue: str
     base_sha: str | None = None
     device: str = "cpu"  # what a command's {device} becomes
+    head_vs_base: bool = False  # a harness job whose cycle changed code
 
 
 def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) -> bool:
@@ -133,6 +134,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
             queue=job.queue,
             base_sha=job.base_sha or job.head_sha,
             device=command_kind.device_name(str((job.spec or {}).get("device", "cpu"))),
+            head_vs_base=bool((job.spec or {}).get("head_vs_base")),
         )
     try:
         tree = export(settings, job_id, source)
@@ -171,6 +173,15 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         )
         if not report.ok:
             raise PreparationError(report.render())
+        if source.head_vs_base:  # the cycle changed code: its entry runs at base too
+            command_runs.prepare_arms(
+                settings,
+                job_id,
+                experiment,
+                candidate=(tree, env, source.head_sha),
+                baseline=_baseline(settings, job_id, source, env),
+                device=source.device,
+            )
     except (
         PreparationError,
         command_runs.SetupFailed,

@@ -41,7 +41,7 @@ from autopilot_harness import stats
 from autopilot_harness.protocol import Tolerance
 
 from app.cycles.exceptions import Unjudgeable
-from app.cycles.judge_command import JUDGE, MAX_PAIRS, judge_command
+from app.cycles.judge_command import JUDGE, MAX_PAIRS, judge_command, judge_head_vs_base
 
 __all__ = ["JUDGE", "MAX_PAIRS", "MAX_COMPARISONS", "disagreements", "judge"]
 
@@ -135,6 +135,8 @@ def judge(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
         "disagreements": list(dict.fromkeys(lines)),
         "not_judged": [k for k in NOT_JUDGED if result.get(k) is not None],
     }
+    if spec.get("head_vs_base"):
+        judge_head_vs_base(judged, spec)
     return judged
 
 

@@ -166,3 +166,51 @@ def _finite(raw: Any, where: str) -> list[float]:
         if number is None or not math.isfinite(number):
             raise Unjudgeable(f"{where}[{i}] is not a finite number: {str(value)[:40]!r}")
     return [float(v) for v in raw]
+
+
+def judge_head_vs_base(judged: dict[str, Any], spec: Mapping[str, Any]) -> None:
+    """A harness result whose cycle changed code (the spec's `head_vs_base`), already judged in
+    process: judge its `head_vs_base` section (the entry's headline variant timed at base and
+    at head, arm against arm) and make that the verdict. The in-process figures stay in
+    `comparisons` and under `headline.in_process`; the in-process accuracy gate still comes
+    first. Where the in-process baseline itself moved between base and head, a reviewer is told
+    that the in-process ratio measures against a changed baseline."""
+    section = judged.get("head_vs_base")
+    if not isinstance(section, Mapping):
+        raise Unjudgeable(
+            "head_vs_base is missing: the cycle changed code, so its entry runs at base and "
+            "at head and the verdict is head against base"
+        )
+    seed = spec.get("seed", 0) or 0
+    rules = {"seed": seed, "direction": "lower", "time_metric": True, "metric": "time_ns"}
+    arms = judge_command({**section, "status": "ok"}, rules)
+    in_process = dict(judged.get("headline") or {})
+    passed = bool(in_process.get("accuracy_pass", True))
+    if not passed:
+        arms["verdict"] = arms["headline"]["verdict"] = "rejected_accuracy"
+    arms["headline"]["accuracy_pass"] = passed
+    judged["head_vs_base"] = arms
+    judged.update({k: arms[k] for k in ("verdict", *_FIGURES)})
+    judged["headline"] = {
+        **arms["headline"],
+        "variant": in_process.get("variant"),
+        "baseline": "base",
+        "in_process": {
+            k: in_process.get(k)
+            for k in ("variant", "baseline", "verdict", *_FIGURES, "noise_floor")
+        },
+    }
+    moved = section.get("in_process_baseline")
+    if isinstance(moved, Mapping):
+        base = _values(moved.get("baseline"), "head_vs_base.in_process_baseline.baseline")
+        head = _values(moved.get("candidate"), "head_vs_base.in_process_baseline.candidate")
+        change = stats.estimate_ratio(base, head, seed=seed + 2)
+        floor = float(arms["noise_floor"]["floor"])
+        if stats.decide(change, floor, accuracy_pass=True) != "inconclusive":
+            name = in_process.get("baseline") or "baseline"
+            lines = judged.setdefault("judgement", {}).setdefault("disagreements", [])
+            lines.append(
+                f"The in-process baseline `{name}` itself takes {change.ratio:.3f}x as long at "
+                f"head as at base [{change.ci_low:.3f}, {change.ci_high:.3f}]: the in-process "
+                "ratio compares against a changed baseline; the verdict is head against base."
+            )

@@ -106,6 +106,10 @@ def submit(
     }
     if declared.kind == "command":
         spec.update(command_spec(declared))
+    elif source is not None and source.base_sha and source.head_sha != source.base_sha:
+        # The cycle changed code: the entry runs at base and at head too (DESIGN.md,
+        # "Experiment kinds"), and the verdict is head against base.
+        spec["head_vs_base"] = True
     now = utcnow()
     job = Job(
         cycle_id=cycle_id,
