@@ -22,7 +22,7 @@ import shlex
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from app.db import Stores
 from app.errors import InvalidInput
@@ -45,13 +45,42 @@ from workers.arms import (
     write_log,
 )
 from workers.launcher import confine
+from workers.launcher.spare import SpareSlot
 from workers.launcher.venv import Venv
 
-if TYPE_CHECKING:
-    from workers.gpu import Ticket, WorkerIdentity
-    from workers.heartbeat import Heartbeat
-    from workers.launcher.spare import SpareSlot
-    from workers.prepare import Preparer
+
+# What this module needs of the GPU loop's objects (workers/gpu.py, heartbeat.py, prepare.py),
+# which import this module: described here, not imported.
+class Ticket(Protocol):
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def experiment(self) -> str: ...
+    @property
+    def spec(self) -> dict[str, Any]: ...
+
+
+class WorkerIdentity(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+
+
+class Heartbeat(Protocol):
+    pgid: int | None
+    spawned_at: float | None
+    cancelled: bool
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Preparer(Protocol):
+    def kick(self) -> None: ...
+
 
 __all__ = ["Arms", "ArmPlace", "RunFailed", "SetupFailed", "prepare_arms", "run_command_job"]
 

@@ -10,13 +10,29 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from app.db import Stores
 from app.jobs import logs, paths
 from app.jobs import service as jobs
+from app.settings import Settings
 
-if TYPE_CHECKING:
-    from workers.gpu import RunLoop
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class RunLoop(Protocol):
+    """What a heartbeat needs of its GPU loop (workers/gpu.py)."""
+
+    @property
+    def stores(self) -> Stores: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def me(self) -> _Named: ...
+
 
 log = logging.getLogger(__name__)
 
