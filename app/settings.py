@@ -60,6 +60,22 @@ class Settings(BaseSettings):
         "each run in its own cgroup. `off` runs it unconfined: only for a machine that has "
         "neither, and every job records it.",
     )
+    llm_base_url: str | None = Field(
+        default=None,
+        description='The research agent\'s OpenAI-compatible endpoint ([agent] kind = "llm"): '
+        "a hosted API or a local vLLM, llama.cpp or Ollama server, e.g. http://127.0.0.1:8001/v1.",
+    )
+    llm_model: str | None = Field(default=None, description="The model name; [agent] model wins.")
+    llm_api_key: SecretStr | None = Field(
+        default=None, description="The endpoint's key: sent in the agent's own requests only."
+    )
+    llm_timeout_s: float = Field(default=120.0, gt=0, description="One request's time limit.")
+    agent_env_passthrough: list[str] = Field(
+        default_factory=list,
+        description="Variables a command agent may receive from the worker's environment when "
+        "its [agent] env_passthrough names them (a coding agent's own API key, e.g. "
+        "ANTHROPIC_API_KEY): the operator's allow-list; nothing else reaches an agent.",
+    )
     git_author_name: str = "Research Autopilot"
     git_author_email: str = "autopilot@localhost"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

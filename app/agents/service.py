@@ -29,8 +29,13 @@ class Context:
     project: str
     device_kind: str
     config: ProjectConfig
-    related: list[dict[str, Any]] = field(default_factory=list)  # validated findings, bounds
-    recent: list[dict[str, Any]] = field(default_factory=list)  # recent cycles and verdicts
+    # validated and refuted findings: {"id", "kind", "status", "statement"}
+    related: list[dict[str, Any]] = field(default_factory=list)
+    # the project's last cycles: {"id", "experiment", "parameters", "hypothesis", "verdict",
+    # "ratio", "ci_low", "ci_high", "state"}
+    recent: list[dict[str, Any]] = field(default_factory=list)
+    # what memory has judged already: {"experiment", "parameters", "verdict", "finding"}
+    judged: list[dict[str, Any]] = field(default_factory=list)
     # True when memory or a live cycle already covers (experiment, parameters).
     is_covered: Callable[[str, dict[str, Any]], bool] = lambda _e, _p: False
 
@@ -44,6 +49,8 @@ class Proposal:
     expected: str = ""
     lessons: list[str] = field(default_factory=list)
     tokens: int | None = None
+    #: The LLM agent's whole exchange (messages, replies, errors), kept with the cycle.
+    exchange: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,7 +109,7 @@ def validate(proposal: Proposal, config: ProjectConfig) -> Proposal:
     return proposal
 
 
-AGENTS = ("sweep", "command")
+AGENTS = ("sweep", "command", "llm")
 
 
 def for_name(name: str) -> Agent:

@@ -114,7 +114,7 @@ def merge_approved(machine: Machine, cycle_id: int) -> str:
             )
             job_id, queue = job.id, job.queue
         broker.ring_gpu(machine.settings, queue)
-        deadline = time.monotonic() + config.experiment(experiment).time_limit_s + 600
+        deadline = time.monotonic() + config.experiment(experiment).longest_job_s + 600
         while time.monotonic() < deadline:
             with machine.stores.ops_session() as session:
                 job = jobs.get(session, job_id)

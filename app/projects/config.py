@@ -169,6 +169,13 @@ class Experiment(BaseModel):
                 )
 
     @property
+    def longest_job_s(self) -> float:
+        """The longest a job of this experiment may run: every run of both arms (and, for a
+        harness job whose cycle changed code, its in-process run before them) at its limit."""
+        runs = 2 * self.warmup_runs + 3 * self.repeats + (self.kind == "harness")
+        return self.time_limit_s * runs
+
+    @property
     def time_metric(self) -> bool:
         return self.kind == "harness" or command_kind.is_time_metric(self.metric, self.metric_unit)
 
@@ -211,14 +218,44 @@ class Budgets(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gpu_hours_per_day: float | None = Field(default=None, gt=0)
     concurrent_gpus: int | None = Field(default=None, ge=1)
+    llm_tokens_per_day: int | None = Field(
+        default=None, ge=1, description="the LLM agent's prompt + completion tokens a day"
+    )
 
 
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["sweep", "command"] = "sweep"
+    kind: Literal["sweep", "command", "llm"] = "sweep"
     command: list[str] = Field(default_factory=list, description="argv, no shell")
     time_limit_s: float = Field(default=900, gt=0)
     goal: str = ""
+    # kind = "sweep"
+    order: Literal["grid", "informed"] = Field(
+        default="grid",
+        description="grid: the declared space in order; informed: points near validated wins "
+        "first, points inside a refuted region last",
+    )
+    # kind = "llm" (the endpoint and key are the operator's: AUTOPILOT_LLM_*)
+    model: str | None = Field(default=None, description="overrides AUTOPILOT_LLM_MODEL")
+    temperature: float = Field(default=0.2, ge=0, le=2)
+    max_tokens: int = Field(default=4096, ge=16, le=200_000)
+    max_attempts: int = Field(default=3, ge=1, le=10, description="replies tried per cycle")
+    # kind = "command": a coding-agent CLI preset instead of `command`
+    preset: Literal["claude-code", "codex"] | None = None
+    max_turns: int = Field(default=30, ge=1, le=500, description="a preset's turn limit")
+    env_passthrough: list[str] = Field(
+        default_factory=list,
+        description="variables the agent receives from the worker's environment; each must "
+        "also be in the operator's AUTOPILOT_AGENT_ENV_PASSTHROUGH",
+    )
+
+    @field_validator("env_passthrough")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name like MY_API_KEY")
+        return value
 
 
 class ProjectSection(BaseModel):
