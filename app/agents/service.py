@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app import sandbox
-from app.agents import workspace
+from app.agents import informed, workspace
 from app.agents.exceptions import AgentFailed, NothingToPropose
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
@@ -81,8 +81,11 @@ class SweepAgent:
 
     def propose(self, context: Context) -> Proposal | None:
         for experiment_name, experiment in context.config.experiments.items():
-            for point in points(experiment.parameters):
-                params = {**experiment.defaults, **point}
+            grid = [{**experiment.defaults, **p} for p in points(experiment.parameters)]
+            if context.config.agent.order == "informed":
+                grid = informed.order(experiment_name, experiment.parameters, grid, context.judged)
+            for params in grid:
+                point = {k: params[k] for k in experiment.parameters}
                 if context.is_covered(experiment_name, params):
                     continue
                 shown = ", ".join(f"{k}={v}" for k, v in point.items())
@@ -240,4 +243,5 @@ def _context_json(context: Context) -> dict[str, Any]:
         "config": context.config.model_dump(),
         "related_findings": context.related,
         "recent_cycles": context.recent,
+        "judged_points": context.judged,
     }

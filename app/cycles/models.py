@@ -42,6 +42,8 @@ class Cycle(OpsBase):
     finding_ids: Mapped[list[str] | None] = mapped_column(JSON)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     agent_tokens: Mapped[int | None] = mapped_column(Integer)
+    # The LLM agent's exchange: [{attempt, request, reply, usage, error}], for the reviewer.
+    agent_exchange: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

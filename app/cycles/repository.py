@@ -62,6 +62,16 @@ def list_cycles(
     return session.scalars(query.order_by(Cycle.id.desc()).limit(limit)).all()
 
 
+def tokens_since(session: Session, project_id: int, since: datetime) -> int:
+    """The agent tokens the project's cycles created since `since` have used."""
+    total = session.scalar(
+        select(func.coalesce(func.sum(Cycle.agent_tokens), 0)).where(
+            Cycle.project_id == project_id, Cycle.created_at >= since
+        )
+    )
+    return int(total or 0)
+
+
 def stepping_untouched_since(session: Session, older_than: datetime) -> list[tuple[int, datetime]]:
     """Cycles with a step to run that nobody has moved since `older_than`: (id, updated_at)."""
     rows = session.execute(

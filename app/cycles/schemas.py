@@ -56,6 +56,7 @@ class CycleOut(BaseModel):
     finding_ids: list[str] | None
     gpu_seconds: float
     agent_tokens: int | None
+    agent_exchange: list[dict[str, Any]] | None = None
     error: str | None
     created_at: datetime
     updated_at: datetime

@@ -70,6 +70,30 @@ def latest_verdict(session: Session, fingerprint: str) -> Finding | None:
     ).one_or_none()
 
 
+def judged_verdicts(session: Session, project: str, limit: int) -> Sequence[Finding]:
+    """The project's reviewed verdicts (validated or refuted), newest first."""
+    return session.scalars(
+        select(Finding)
+        .where(
+            Finding.project == project,
+            Finding.kind == "verdict",
+            Finding.status.in_(("validated", "refuted")),
+        )
+        .order_by(Finding.created_at.desc(), Finding.id)
+        .limit(limit)
+    ).all()
+
+
+def refuted(session: Session, project: str, limit: int) -> Sequence[Finding]:
+    """The project's refuted findings, newest first."""
+    return session.scalars(
+        select(Finding)
+        .where(Finding.project == project, Finding.status == "refuted")
+        .order_by(Finding.created_at.desc(), Finding.id)
+        .limit(limit)
+    ).all()
+
+
 def validated_bounds(session: Session, fingerprint: str) -> Sequence[Finding]:
     return session.scalars(
         select(Finding)

@@ -4,11 +4,13 @@ refuse a repeat (lesson 5) and defer a cycle over budget, all before any git or 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from app.agents import service as agents
 from app.agents import workspace
 from app.agents.workspace import Workspace
+from app.clock import utcnow
 from app.cycles import repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
@@ -44,11 +46,18 @@ class Plan(Step):
             _, config = forge_service.config_at_base(self.git(), forge, ref)
         except FetchFailed as exc:
             raise Transient(exc.detail) from exc
+        over = self._over_token_budget(cycle_id, config)
+        if over:
+            with self.stores.ops_session() as session:
+                cycle = service.get(session, cycle_id)
+                repository.set_state(session, cycle, "deferred_budget", error=over)
+            return True
         with self.stores.memory_session() as msession:
-            related = [
-                {"id": f.id, "kind": f.kind, "statement": f.statement}
-                for f in memory.related(msession, ref.name, ref.name, k=8)
-            ]
+            # What every agent is shown of memory (the LLM's prompt, the command agent's
+            # context JSON, the informed sweep's order).
+            related = memory.agent_findings(msession, ref.name, config.agent.goal or ref.name)
+            judged = memory.judged_points(msession, ref.name)
+        recent = self._recent(cycle_id)
 
         def covered(experiment: str, parameters: dict[str, Any]) -> bool:
             fp = memory.fingerprint(ref.name, experiment, parameters, gpu_kind)
@@ -67,7 +76,9 @@ class Plan(Step):
                 changes=changed or "",
             )
         else:
-            context = agents.Context(ref.name, gpu_kind, config, related, is_covered=covered)
+            context = agents.Context(
+                ref.name, gpu_kind, config, related, recent, judged, is_covered=covered
+            )
             if agent_name == "config":
                 agent_name = config.agent.kind
             found = self._agent(cycle_id, agent_name, config).propose(context)
@@ -87,6 +98,7 @@ class Plan(Step):
             cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters
             cycle.hypothesis, cycle.fingerprint = proposal.hypothesis, fp
             cycle.proposal, cycle.agent_tokens = proposal.to_json(), proposal.tokens
+            cycle.agent_exchange = proposal.exchange
             cycle.repeat_of = repeat_id
             if repeat_id and not changed:
                 # Lesson 5: no repeat without a changed hypothesis.
@@ -99,6 +111,40 @@ class Plan(Step):
             else:
                 repository.set_state(session, cycle, "preparing")
         return True
+
+    def _over_token_budget(self, cycle_id: int, config: ProjectConfig) -> str | None:
+        """Why the cycle must wait for the project's LLM token budget, or None."""
+        budget = config.budgets.llm_tokens_per_day
+        if budget is None:
+            return None
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            used = repository.tokens_since(session, cycle.project_id, utcnow() - timedelta(days=1))
+        if used < budget:
+            return None
+        return (
+            f"the project's agents used {used} LLM tokens in the last 24 h; its budget "
+            f"([budgets] llm_tokens_per_day) is {budget}"
+        )
+
+    def _recent(self, cycle_id: int, limit: int = 10) -> list[dict[str, Any]]:
+        """The project's last cycles, as every agent is shown them."""
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            rows = repository.list_cycles(session, project_id=cycle.project_id, limit=limit + 1)
+            return [
+                {
+                    "id": c.id,
+                    "state": c.state,
+                    "experiment": c.experiment,
+                    "parameters": c.parameters,
+                    "hypothesis": c.hypothesis,
+                    "verdict": c.verdict,
+                    **{k: (c.headline or {}).get(k) for k in ("ratio", "ci_low", "ci_high")},
+                }
+                for c in rows
+                if c.id != cycle_id
+            ][:limit]
 
     def _agent(self, cycle_id: int, name: str, config: ProjectConfig) -> agents.Agent:
         if name != "command":
