@@ -350,36 +350,6 @@ def related(session: Session, project: str | None, text: str, k: int = 8) -> lis
     return search_index.related(session, project, text, k)
 
 
-def agent_findings(session: Session, project: str, text: str, k: int = 8) -> list[dict[str, Any]]:
-    """What every agent is shown of memory: the validated findings most related to `text` and
-    the project's refuted ones, as {id, kind, status, statement}."""
-    rows = [*related(session, project, text, k=k), *repository.refuted(session, project, k)]
-    return [
-        {"id": f.id, "kind": f.kind, "status": f.status, "statement": f.statement} for f in rows
-    ]
-
-
-def judged_points(session: Session, project: str, limit: int = 500) -> list[dict[str, Any]]:
-    """The points of the project's parameter spaces that reviewers have judged: {finding,
-    status, experiment, parameters, verdict, ratio}, newest first (the informed sweep and the
-    agents' context read them)."""
-    out = []
-    for f in repository.judged_verdicts(session, project, limit):
-        tags = [t for t in (f.tags or []) if t != "autopilot"]
-        metrics = f.metrics or {}
-        out.append(
-            {
-                "finding": f.id,
-                "status": f.status,
-                "experiment": tags[0] if tags else None,
-                "parameters": dict((f.scope or {}).get("parameters") or {}),
-                "verdict": metrics.get("verdict"),
-                "ratio": metrics.get("ratio"),
-            }
-        )
-    return out
-
-
 @dataclass(frozen=True)
 class Repeat:
     """An earlier judgement of the same fingerprint, and the validated bounds it produced."""

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from app.agents import service as agents
 from app.agents import workspace
 from app.agents.workspace import Workspace
 from app.clock import utcnow
-from app.cycles import repository, service
+from app.cycles import agent_context, repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
@@ -34,7 +33,6 @@ class Plan(Step):
             ref = ProjectRef.of(project)
             gpu_kind, requested = project.gpu_kind, (cycle.experiment, cycle.parameters)
             agent_name, changed = cycle.agent, cycle.changed_hypothesis
-            live = repository.live_fingerprints(session, project.id, exclude=cycle_id)
             blocked = jobs.blocked_by_budget(session, self.settings, project)
         if blocked:
             with self.stores.ops_session() as session:
@@ -52,20 +50,6 @@ class Plan(Step):
                 cycle = service.get(session, cycle_id)
                 repository.set_state(session, cycle, "deferred_budget", error=over)
             return True
-        with self.stores.memory_session() as msession:
-            # What every agent is shown of memory (the LLM's prompt, the command agent's
-            # context JSON, the informed sweep's order).
-            related = memory.agent_findings(msession, ref.name, config.agent.goal or ref.name)
-            judged = memory.judged_points(msession, ref.name)
-        recent = self._recent(cycle_id)
-
-        def covered(experiment: str, parameters: dict[str, Any]) -> bool:
-            fp = memory.fingerprint(ref.name, experiment, parameters, gpu_kind)
-            if fp in live:
-                return True
-            with self.stores.memory_session() as msession:
-                return memory.check_repeat(msession, fp) is not None
-
         if requested[0]:
             experiment = config.experiment(requested[0])
             params = experiment.check_parameters(dict(requested[1] or {}))
@@ -76,9 +60,7 @@ class Plan(Step):
                 changes=changed or "",
             )
         else:
-            context = agents.Context(
-                ref.name, gpu_kind, config, related, recent, judged, is_covered=covered
-            )
+            context = agent_context.build_context(self.stores, project, config, cycle_id)
             if agent_name == "config":
                 agent_name = config.agent.kind
             found = self._agent(cycle_id, agent_name, config).propose(context)
@@ -126,25 +108,6 @@ class Plan(Step):
             f"the project's agents used {used} LLM tokens in the last 24 h; its budget "
             f"([budgets] llm_tokens_per_day) is {budget}"
         )
-
-    def _recent(self, cycle_id: int, limit: int = 10) -> list[dict[str, Any]]:
-        """The project's last cycles, as every agent is shown them."""
-        with self.stores.ops_session() as session:
-            cycle = service.get(session, cycle_id)
-            rows = repository.list_cycles(session, project_id=cycle.project_id, limit=limit + 1)
-            return [
-                {
-                    "id": c.id,
-                    "state": c.state,
-                    "experiment": c.experiment,
-                    "parameters": c.parameters,
-                    "hypothesis": c.hypothesis,
-                    "verdict": c.verdict,
-                    **{k: (c.headline or {}).get(k) for k in ("ratio", "ci_low", "ci_high")},
-                }
-                for c in rows
-                if c.id != cycle_id
-            ][:limit]
 
     def _agent(self, cycle_id: int, name: str, config: ProjectConfig) -> agents.Agent:
         if name != "command":
