@@ -28,7 +28,8 @@ from app.projects import service as ops
 from app.projects.models import Project
 from app.settings import Settings
 
-VERDICTS = ("faster", "slower", "inconclusive", "rejected_accuracy")
+# faster/slower judge a time metric; better/worse any other (a command experiment's metric).
+VERDICTS = ("faster", "slower", "better", "worse", "inconclusive", "rejected_accuracy")
 REVIEW_STATES = ("awaiting_review", "approved", "rejected")
 RECENT_DECISIONS = 25
 

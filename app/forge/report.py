@@ -7,7 +7,6 @@ matplotlib is imported lazily with the Agg backend: only the commit step pays fo
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -15,9 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import InvalidInput
+from app.forge import report_command
+from app.forge.report_format import cell as _cell
+from app.forge.report_format import number as _num
+from app.forge.report_format import render_svg
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 RESULTS_DIR = "results"
 _CYCLE_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -82,12 +88,6 @@ def write_report(root: Path, result: Mapping[str, Any], context: ReportContext) 
 # -- reading the result -------------------------------------------------------------------
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _samples(entry: Mapping[str, Any]) -> tuple[list[float], list[float]] | None:
     samples = entry.get("samples")
     if not isinstance(samples, Mapping):
@@ -127,14 +127,6 @@ def _time_unit(values: Sequence[float]) -> tuple[float, str]:
 
 
 # -- REPORT.md ----------------------------------------------------------------------------
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _accuracy(entry: Mapping[str, Any]) -> str:
@@ -184,32 +176,7 @@ def _judgement(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
-    rows = comparisons(result)
-    verdict = result.get("verdict") or (rows[0].get("verdict") if rows else None)
-    status = result.get("status")
-    hypothesis = context.hypothesis.strip()
-    lines = [
-        f"# {hypothesis.splitlines()[0] if hypothesis else 'Cycle ' + context.cycle_id}",
-        "",
-        f"Project `{context.project}`, cycle `{context.cycle_id}`"
-        + (f", base `{context.base_sha[:12]}`" if context.base_sha else "")
-        + ".",
-        "",
-        f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**",
-        "",
-        *_judgement(result),
-        "## Hypothesis",
-        "",
-        context.hypothesis.strip() or "–",
-        "",
-        "## What changed",
-        "",
-        context.changes.strip() or "–",
-        "",
-        "## Method",
-        "",
-    ]
+def _harness_method(result: Mapping[str, Any], context: ReportContext) -> list[str]:
     method = context.method.strip()
     if not method:
         parts = [f"experiment `{result.get('experiment')}`"] if result.get("experiment") else []
@@ -221,14 +188,11 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
             ", ".join(parts) + "; medians of paired time ratios (candidate / baseline, lower is "
             "faster) with bootstrap confidence intervals; accuracy is gated before speed."
         ).lstrip("; ")
-    lines += [method, ""]
-    params = result.get("parameters")
-    if isinstance(params, Mapping) and params:
-        lines += ["Parameters: " + ", ".join(f"`{k}={v}`" for k, v in params.items()), ""]
+    return [method, ""]
 
-    lines += ["## Results", ""]
-    if status == "error" and isinstance(result.get("error"), Mapping):
-        lines += [f"The experiment failed: {_cell(result['error'].get('message'))}", ""]
+
+def _harness_results(result: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
     if rows:
         lines += [
             "| variant | baseline median | variant median | ratio (B/A) | CI low | CI high "
@@ -269,6 +233,49 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
     if isinstance(baseline, Mapping) and isinstance(baseline.get("accuracy"), Mapping):
         lines += [f"Baseline `{_cell(baseline.get('name'))}` accuracy: {_accuracy(baseline)}.", ""]
     lines += ["![paired samples](plot.svg)", ""]
+    return lines
+
+
+def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
+    rows = comparisons(result)
+    verdict = result.get("verdict") or (rows[0].get("verdict") if rows else None)
+    status = result.get("status")
+    hypothesis = context.hypothesis.strip()
+    lines = [
+        f"# {hypothesis.splitlines()[0] if hypothesis else 'Cycle ' + context.cycle_id}",
+        "",
+        f"Project `{context.project}`, cycle `{context.cycle_id}`"
+        + (f", base `{context.base_sha[:12]}`" if context.base_sha else "")
+        + ".",
+        "",
+        f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**",
+        "",
+        *_judgement(result),
+        "## Hypothesis",
+        "",
+        context.hypothesis.strip() or "–",
+        "",
+        "## What changed",
+        "",
+        context.changes.strip() or "–",
+        "",
+        "## Method",
+        "",
+    ]
+    command = report_command.is_command(result)
+    if command:
+        method = context.method.strip()
+        lines += ([method, ""] if method else []) + report_command.method_lines(result)
+    else:
+        lines += _harness_method(result, context)
+    params = result.get("parameters")
+    if isinstance(params, Mapping) and params:
+        lines += ["Parameters: " + ", ".join(f"`{k}={v}`" for k, v in params.items()), ""]
+
+    lines += ["## Results", ""]
+    if status == "error" and isinstance(result.get("error"), Mapping):
+        lines += [f"The experiment failed: {_cell(result['error'].get('message'))}", ""]
+    lines += report_command.results_lines(result) if command else _harness_results(result, rows)
 
     lines += ["## Environment", ""]
     env = result.get("environment")
@@ -286,7 +293,15 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
     lines += ["", "## Proposed lessons", ""]
     lines += [f"- {lesson}" for lesson in context.lessons] or ["–"]
     lines += ["", "## Reproduce", ""]
-    lines += ["```sh", context.reproduce.strip(), "```"] if context.reproduce.strip() else ["–"]
+    by_hand = report_command.reproduce_lines(result) if command else []
+    if by_hand and context.reproduce.strip():
+        by_hand.append("The whole comparison again, through the service:")
+        by_hand.append("")
+    lines += by_hand
+    if context.reproduce.strip():
+        lines += ["```sh", context.reproduce.strip(), "```"]
+    elif not by_hand:
+        lines.append("–")
     for key, value in context.extra.items():
         lines += ["", f"## {key}", "", value]
     return "\n".join(lines).rstrip() + "\n"
@@ -316,18 +331,15 @@ def _sweep(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
 
 
 def render_plot(result: Mapping[str, Any]) -> str:
-    """An SVG of the paired samples (variant vs baseline time) and the sweep, if present."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
+    """An SVG of the paired samples (variant vs baseline time) and the sweep, if present; a
+    command experiment's runs and per-block ratios (`report_command.render_plot`)."""
+    if report_command.is_command(result):
+        return report_command.render_plot(result)
     paired = [(str(r.get("variant")), s) for r in comparisons(result) if (s := _samples(r))]
     sweep = _sweep(result)
     panels = int(bool(paired)) + int(bool(sweep))
-    with matplotlib.rc_context({"svg.hashsalt": "autopilot", "svg.fonttype": "none"}):
-        figure = Figure(figsize=(6.4 * max(panels, 1), 4.8))
-        axes = figure.subplots(1, max(panels, 1), squeeze=False)[0]
+
+    def draw(axes: Sequence[Axes]) -> None:
         index = 0
         if paired:
             ax = axes[index]
@@ -365,7 +377,5 @@ def render_plot(result: Mapping[str, Any]) -> str:
                 0.5, 0.5, "result.json has no samples or sweep to plot", ha="center", va="center"
             )
             ax.set_axis_off()
-        figure.tight_layout()
-        buffer = io.StringIO()
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
-    return buffer.getvalue()
+
+    return render_svg(panels, draw)

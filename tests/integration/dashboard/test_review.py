@@ -65,6 +65,24 @@ def test_queue_lists_awaiting_first_with_badges_then_decisions_and_filters(
     assert unknown.status_code == 404 and "nope" in unknown.text
 
 
+def test_a_command_experiments_better_and_worse_are_badged_and_filtered(
+    client: TestClient, tokens: dict[str, str], cycles: CycleFactory
+) -> None:
+    better = cycles.make(verdict="better", hypothesis="Wider layers lower the loss")
+    worse = cycles.make(verdict="worse", hypothesis="Dropout raises the loss")
+    login(client, tokens["reader"])
+    page = client.get("/dashboard/").text
+    assert 'class="badge v-better"' in page and 'class="badge v-worse"' in page
+    assert '<option value="better"' in page and '<option value="worse"' in page
+    only_better = client.get("/dashboard/", params={"verdict": "better"}).text
+    assert f'/dashboard/cycles/{better.cycle_id}"' in only_better
+    assert f'/dashboard/cycles/{worse.cycle_id}"' not in only_better
+    css = client.get("/dashboard/static/dashboard.css").text
+    good = css.split(".v-faster", 1)[1].split("}", 1)[0]
+    bad = css.split(".v-slower", 1)[1].split("}", 1)[0]
+    assert ".v-better" in good and ".v-worse" in bad
+
+
 def test_pr_page_shows_hypothesis_report_plot_diff_environment_log_and_related(
     client: TestClient, tokens: dict[str, str], cycles: CycleFactory, stores: Stores
 ) -> None:
