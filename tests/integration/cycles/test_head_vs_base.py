@@ -7,6 +7,7 @@ the baseline moved."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -50,7 +51,7 @@ time_limit_s = 60
 
 # The experiment side of the protocol without torch: times the in-process baseline `plain`
 # against the variant `fast`, interleaved, and writes the raw paired samples.
-MAIN = '''
+MAIN = """
 import json, os, time
 from timing import kernels
 
@@ -75,16 +76,16 @@ json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": spec[
                             "samples": {"a_ns": a, "b_ns": b},
                             "accuracy": {"max_abs_error": 0.0, "scale": 1.0}}]},
           open(os.environ["AUTOPILOT_RESULT"], "w"))
-'''
+"""
 
-KERNELS = '''
+KERNELS = """
 def plain(n):
     return sum(i * i for i in range(n))
 
 
 def fast(n):
     return sum(i * i for i in range(n // 2))
-'''
+"""
 
 # The agent "speeds up" its variant by slowing the baseline it is compared with.
 AGENT = """
@@ -164,7 +165,8 @@ def test_a_slowed_baseline_is_not_a_faster_variant_head_against_base(
     )
     assert len(section["samples"]["candidate"]) == 6
     moved = section["in_process_baseline"]
-    assert min(moved["candidate"]) > 1.5 * max(moved["baseline"])  # plain: 3x the work at head
+    # plain: 3x the work at head
+    assert statistics.median(moved["candidate"]) > 1.5 * statistics.median(moved["baseline"])
 
     judged = json.loads(committed(workers, name, cycle, "result.json"))
     assert judged["verdict"] == "inconclusive"

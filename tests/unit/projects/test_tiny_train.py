@@ -61,7 +61,7 @@ def test_the_configured_command_prints_what_the_config_reads(experiment):
     stdout, stderr = output(argv[1:])
 
     steps = STEP_LINE.findall(stdout)
-    assert [int(step) for step, _, _ in steps] == [50, 100, 150, 200]
+    assert [int(step) for step, _, _ in steps] == list(range(10, 201, 10))  # --log-every=10
     times = matches(experiment["metric_pattern"], stdout, stderr)
     assert times == [float(t) for _, _, t in steps]
     assert all(t > 0 for t in times)
