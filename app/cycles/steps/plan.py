@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from app.agents import service as agents
 from app.agents import workspace
+from app.agents.llm import LLMAgent
 from app.agents.workspace import Workspace
 from app.clock import utcnow
 from app.cycles import agent_context, repository, service
@@ -63,7 +65,12 @@ class Plan(Step):
             context = agent_context.build_context(self.stores, project, config, cycle_id)
             if agent_name == "config":
                 agent_name = config.agent.kind
-            found = self._agent(cycle_id, agent_name, config).propose(context)
+            agent = self._agent(cycle_id, agent_name, config)
+            try:
+                found = agent.propose(context)
+            except agents.AgentFailed:
+                self._keep_exchange(cycle_id, agent)  # why it failed, for the reviewer
+                raise
             if found is None:
                 raise agents.NothingToPropose(
                     "every point of the declared parameter space has a recorded verdict or a "
@@ -109,14 +116,28 @@ class Plan(Step):
             f"([budgets] llm_tokens_per_day) is {budget}"
         )
 
+    def _keep_exchange(self, cycle_id: int, agent: agents.Agent) -> None:
+        inner = getattr(agent, "inner", agent)
+        exchange, tokens = getattr(inner, "exchange", None), getattr(inner, "tokens", None)
+        if not exchange and tokens is None:
+            return
+        with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            cycle.agent_exchange = exchange or None
+            cycle.agent_tokens = tokens
+
     def _agent(self, cycle_id: int, name: str, config: ProjectConfig) -> agents.Agent:
-        if name != "command":
+        if name not in ("command", "llm"):
             return agents.for_name(name)
         cycle, ref = self.detached(cycle_id)
         forge = forge_service.forge_for(self.settings, self.stores)
         git = self.git()
         branch = self.branch(cycle, ref, forge)
         space = Workspace(self.settings.state_dir.absolute() / "cycles" / str(cycle_id) / "agent")
+        author = (self.settings.git_author_name, self.settings.git_author_email)
+        if name == "llm":
+            model = LLMAgent.from_settings(self.settings, config.agent, space, f"agent-{cycle_id}")
+            return _CheckedCommandAgent(model, git, branch, author, name="llm")
         return _CheckedCommandAgent(
             agents.CommandAgent(
                 argv=list(config.agent.command),
@@ -131,12 +152,26 @@ class Plan(Step):
         )
 
 
+class _WorkspaceAgent(Protocol):
+    """An agent that works in a scratch clone: the command agent, the LLM agent (its diff)."""
+
+    @property
+    def workspace(self) -> Workspace | None: ...
+    @property
+    def run_name(self) -> str: ...
+    @property
+    def sandboxed(self) -> bool: ...
+
+    def propose(self, context: agents.Context) -> agents.Proposal | None: ...
+
+
 @dataclass
 class _CheckedCommandAgent:
-    """The command agent in a fresh scratch clone of the base, then its commits taken back as
-    objects and checked (protected paths, git internals, bytecode, symlinks): before any GPU."""
+    """An agent in a fresh scratch clone of the base, then its commits (and what it left
+    uncommitted) taken back as objects and checked (protected paths, git internals, bytecode,
+    symlinks): before any GPU."""
 
-    inner: agents.CommandAgent
+    inner: _WorkspaceAgent
     git_work: GitWork
     branch: CycleBranch
     author: tuple[str, str]
@@ -144,6 +179,7 @@ class _CheckedCommandAgent:
 
     def propose(self, context: agents.Context) -> agents.Proposal | None:
         space = self.inner.workspace
+        assert space is not None
         space.reset()
         self.git_work.reset_to_base(self.branch)
         self.git_work.scratch_clone(self.branch, space.repo)
