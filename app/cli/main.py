@@ -11,6 +11,7 @@ import typer
 
 from app import migrate
 from app.api.main import create_app
+from app.cli.agents import agent_app
 from app.cli.common import echo_json, load_settings
 from app.cli.cycles import cycle_app
 from app.cli.jobs import job_app
@@ -34,6 +35,7 @@ cli.add_typer(project_app, name="project")
 cli.add_typer(memory_app, name="memory")
 cli.add_typer(job_app, name="job")
 cli.add_typer(cycle_app, name="cycle")
+cli.add_typer(agent_app, name="agent")
 cli.command("status")(status_command)
 
 
