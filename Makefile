@@ -51,7 +51,7 @@ browser:
 	  || echo "warning: chromium not installed; browser tests skip outside CI"; }
 
 pytest: install browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40
 
 test: check pytest
 

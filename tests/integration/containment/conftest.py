@@ -21,11 +21,19 @@ from tests.integration.launcher.conftest import (  # noqa: F401 - fixtures used 
     venv,
 )
 from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used here too
-    broker_url,
     queue_settings,
     shared_venv_root,
     workers,
 )
+
+
+@pytest.fixture
+def broker_url(backend: Backend) -> str:
+    """The containment suite is slow (whole sandboxed cycles) and what it tests does not depend
+    on the stores or the broker: it runs once, on the embedded ones, not per back end."""
+    if backend.name != "sqlite":
+        pytest.skip("the containment suite runs once, with the embedded stores and broker")
+    return "filesystem://"
 
 
 @pytest.fixture(autouse=True)
