@@ -44,7 +44,7 @@ from workers.arms import (
     write_arms,
     write_log,
 )
-from workers.launcher import confine
+from workers.launcher import confine, runner
 from workers.launcher.spare import SpareSlot
 from workers.launcher.venv import Venv
 
@@ -125,6 +125,60 @@ def prepare_arms(
 # -- the lease ----------------------------------------------------------------------------
 
 
+def _arms(
+    settings: Settings,
+    me: WorkerIdentity,
+    ticket: Ticket,
+    beat: Heartbeat,
+    parameters: dict[str, dict[str, Any]],
+    *,
+    on_spawn: runner.SpawnCallback,
+    spec: dict[str, Any] | None = None,
+) -> Arms:
+    """The leased job's arms on this host, from the config and `arms.json` its preparation
+    kept (never from the export, which is the job's to write)."""
+    cfg_path = paths.launch_config(settings, ticket.job_id)
+    cfg = project_config.parse(cfg_path.read_text(encoding="utf-8"), str(cfg_path))
+    return Arms(
+        settings,
+        ticket.job_id,
+        cfg.experiment(ticket.experiment),
+        read_arms(settings, ticket.job_id),
+        parameters,
+        command_kind.device_name(str(ticket.spec.get("device", "cpu"))),
+        device_env=me.device or None,
+        on_spawn=on_spawn,
+        cancelled=lambda: beat.cancelled,
+        spec=spec,
+    )
+
+
+def _run_logged(
+    arms: Arms,
+    plan: list[command_kind.Run],
+    log_path: Path,
+    beat: Heartbeat,
+    header: list[str],
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Run `plan` under the job's heartbeat, one line a run in the job log after `header`:
+    the runs' records, and the error of the run that gave no value (None if none failed)."""
+    records: list[dict[str, Any]] = []
+    error: str | None = None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        arms.log = log_file
+        log_file.write("".join(f"{line}\n" for line in header))
+        log_file.flush()
+        beat.start()
+        try:
+            records = arms.run(plan)
+        except RunFailed as exc:
+            error = str(exc)
+        finally:
+            beat.stop()
+    return records, error
+
+
 def run_command_job(
     stores: Stores,
     settings: Settings,
@@ -156,19 +210,8 @@ def run_command_job(
             preparer.kick()  # the job's start is behind it: prepare what follows
 
     try:
-        cfg_path = paths.launch_config(settings, ticket.job_id)
-        cfg = project_config.parse(cfg_path.read_text(encoding="utf-8"), str(cfg_path))
-        arms = Arms(
-            settings,
-            ticket.job_id,
-            cfg.experiment(ticket.experiment),
-            read_arms(settings, ticket.job_id),
-            {"baseline": spec["baseline_parameters"], "candidate": spec["parameters"]},
-            command_kind.device_name(str(spec.get("device", "cpu"))),
-            device_env=me.device or None,
-            on_spawn=spawned,
-            cancelled=lambda: beat.cancelled,
-        )
+        parameters = {"baseline": spec["baseline_parameters"], "candidate": spec["parameters"]}
+        arms = _arms(settings, me, ticket, beat, parameters, on_spawn=spawned)
     except (InvalidInput, OSError, KeyError, ValueError) as exc:
         return jobs.JobOutcome(
             state="failed",
@@ -179,28 +222,17 @@ def run_command_job(
     plan = command_kind.schedule(
         experiment.repeats, experiment.warmup_runs, int(spec.get("seed", 0))
     )
-    records: list[dict[str, Any]] = []
-    error: str | None = None
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log_file:
-        arms.log = log_file
-        if settings.sandbox != "on":
-            log_file.write(confine.UNCONFINED_LOG_LINE + "\n")
-        for arm in command_kind.ARMS:
-            commit = arms.places[arm].commit
-            log_file.write(f"[command] {arm} at {commit}: {shlex.join(arms.argvs[arm])}\n")
-        log_file.write(
-            f"[command] {len(plan)} runs: {experiment.warmup_runs} warm-up per arm, "
-            f"{experiment.repeats} blocks of baseline, candidate and A/A baseline\n"
-        )
-        log_file.flush()
-        beat.start()
-        try:
-            records = arms.run(plan)
-        except RunFailed as exc:
-            error = str(exc)
-        finally:
-            beat.stop()
+    header = [
+        f"[command] {arm} at {arms.places[arm].commit}: {shlex.join(arms.argvs[arm])}"
+        for arm in command_kind.ARMS
+    ]
+    header.append(
+        f"[command] {len(plan)} runs: {experiment.warmup_runs} warm-up per arm, "
+        f"{experiment.repeats} blocks of baseline, candidate and A/A baseline"
+    )
+    if settings.sandbox != "on":
+        header.insert(0, confine.UNCONFINED_LOG_LINE)
+    records, error = _run_logged(arms, plan, log_path, beat, header)
     gpu_seconds = sum(float(r["duration_s"]) for r in records)
     outcome = jobs.JobOutcome(state="failed", log_path=str(log_path), gpu_seconds=gpu_seconds)
     if beat.cancelled:
@@ -234,18 +266,14 @@ def head_vs_base(
     log_path = paths.log_path(settings, ticket.job_id)
     spec = ticket.spec
     try:
-        cfg_path = paths.launch_config(settings, ticket.job_id)
-        cfg = project_config.parse(cfg_path.read_text(encoding="utf-8"), str(cfg_path))
-        arms = Arms(
+        same = {arm: dict(spec["parameters"]) for arm in command_kind.ARMS}
+        arms = _arms(
             settings,
-            ticket.job_id,
-            cfg.experiment(ticket.experiment),
-            read_arms(settings, ticket.job_id),
-            {arm: dict(spec["parameters"]) for arm in command_kind.ARMS},
-            command_kind.device_name(str(spec.get("device", "cpu"))),
-            device_env=me.device or None,
+            me,
+            ticket,
+            beat,
+            same,
             on_spawn=lambda _pid, pgid: setattr(beat, "pgid", pgid),
-            cancelled=lambda: beat.cancelled,
             spec=spec,
         )
     except (InvalidInput, OSError, KeyError, ValueError) as exc:
@@ -256,22 +284,11 @@ def head_vs_base(
     plan = command_kind.schedule(
         experiment.repeats, experiment.warmup_runs, int(spec.get("seed", 0))
     )
-    records: list[dict[str, Any]] = []
-    error: str | None = None
-    with open(log_path, "a", encoding="utf-8") as log_file:
-        arms.log = log_file
-        log_file.write(
-            f"[head-vs-base] the entry at base {arms.places['baseline'].commit} and at head "
-            f"{arms.places['candidate'].commit}: {len(plan)} runs\n"
-        )
-        log_file.flush()
-        beat.start()
-        try:
-            records = arms.run(plan)
-        except RunFailed as exc:
-            error = str(exc)
-        finally:
-            beat.stop()
+    header = [
+        f"[head-vs-base] the entry at base {arms.places['baseline'].commit} and at head "
+        f"{arms.places['candidate'].commit}: {len(plan)} runs"
+    ]
+    records, error = _run_logged(arms, plan, log_path, beat, header)
     outcome.gpu_seconds += sum(float(r["duration_s"]) for r in records)
     if beat.cancelled:
         outcome.state, outcome.error = "cancelled", "cancelled while running; its runs stopped"

@@ -143,37 +143,11 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         shutil.copyfile(tree / project_config.CONFIG_FILE, paths.launch_config(settings, job_id))
         experiment = cfg.experiment(source.experiment)
         env = venv_for_job(settings, source.project, requirements(cfg))
-        if experiment.kind == "command":
-            command_runs.prepare_arms(
-                settings,
-                job_id,
-                experiment,
-                candidate=(tree, env, source.head_sha),
-                baseline=_baseline(settings, job_id, source, env),
-                device=source.device,
-            )
-            return _ready(stores, settings, job_id, host, tree, env, source.queue)
-        job_env = guard_env(settings, env, tree)
-        report = guard.run_guard(
-            env.path,
-            env=job_env,
-            cwd=tree,
-            entry=experiment.entry,
-            modules=[*experiment.imports, *cfg.project.preload],
-            worktree=tree,
-            requirements_hash=env.requirements_hash,
-            cache_dir=settings.state_dir.absolute() / "guard-cache",
-            # The guard imports the project's modules: their code runs as the job's would.
-            policy=confine.policy(
-                cwd=tree, venv=env.path, env=job_env, network=experiment.network, pythonpath=[tree]
-            )
-            if settings.sandbox == "on"
-            else None,
-            cgroup=f"guard-{job_id}",
-        )
-        if not report.ok:
-            raise PreparationError(report.render())
-        if source.head_vs_base:  # the cycle changed code: its entry runs at base too
+        if experiment.kind == "harness":
+            _guard(settings, job_id, cfg, tree, env, source.experiment)
+        if experiment.kind == "command" or source.head_vs_base:
+            # Two arms: the base commit's tree beside the head's (the cycle changed code, or a
+            # command experiment, which is always judged arm against arm).
             command_runs.prepare_arms(
                 settings,
                 job_id,
@@ -200,6 +174,38 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
             ring_cycle(settings, stores, job_id)
         return False
     return _ready(stores, settings, job_id, host, tree, env, source.queue)
+
+
+def _guard(
+    settings: Settings,
+    job_id: int,
+    cfg: project_config.ProjectConfig,
+    tree: Path,
+    env: venv.Venv,
+    name: str,
+) -> None:
+    """The preflight guard of a harness job, in the job's sandbox; PreparationError if it fails."""
+    experiment = cfg.experiment(name)
+    job_env = guard_env(settings, env, tree)
+    report = guard.run_guard(
+        env.path,
+        env=job_env,
+        cwd=tree,
+        entry=str(experiment.entry),
+        modules=[*experiment.imports, *cfg.project.preload],
+        worktree=tree,
+        requirements_hash=env.requirements_hash,
+        cache_dir=settings.state_dir.absolute() / "guard-cache",
+        # The guard imports the project's modules: their code runs as the job's would.
+        policy=confine.policy(
+            cwd=tree, venv=env.path, env=job_env, network=experiment.network, pythonpath=[tree]
+        )
+        if settings.sandbox == "on"
+        else None,
+        cgroup=f"guard-{job_id}",
+    )
+    if not report.ok:
+        raise PreparationError(report.render())
 
 
 def _ready(

@@ -192,7 +192,7 @@ def test_a_parameter_that_doubles_the_work_is_judged_slower(
     assert len(result["runs"]) == 2 + 24
     command = ["python", "train.py", "--width={}", "--batch=16", "--steps=200", "--lr=0.05"]
     for arm, width in (("baseline", 16), ("candidate", 32)):
-        want = [a.format(width) for a in command] + ["--device=cpu"]
+        want = [a.format(width) for a in command] + ["--device=cpu", "--log-every=10"]
         assert result["arms"][arm]["command"] == want
     assert result["sandbox"] == "on"
     runs_dir = log_path.parent / "runs"
