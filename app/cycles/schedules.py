@@ -41,7 +41,15 @@ def parse(expression: str) -> timedelta | crontab:
             "five-field cron expression (e.g. '0 */2 * * *')"
         )
     try:
-        return crontab(*fields)
+        # Cron's order; Celery's crontab takes day_of_week third when given by position.
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        return crontab(
+            minute=minute,
+            hour=hour,
+            day_of_month=day_of_month,
+            month_of_year=month_of_year,
+            day_of_week=day_of_week,
+        )
     except (ValueError, TypeError) as exc:
         raise InvalidInput(f"schedule {expression!r}: {exc}") from None
 
@@ -56,9 +64,32 @@ def is_due(expression: str, last_run: datetime | None, now: datetime | None = No
     rule = parse(expression)
     if isinstance(rule, timedelta):
         return now - last_run >= rule
-    # crontab: due when its next firing time after the last run has passed.
-    remaining = rule.remaining_estimate(last_run)
-    return bool(last_run + remaining <= now)
+    # crontab: due when its next firing time after the last run has passed. (Celery's
+    # `remaining_estimate` counts from the wall clock, not from `now`: it made an hourly cron
+    # fire at the half hour and a daily one about every 12 hours.)
+    return next_fire(rule, last_run) <= now
+
+
+def next_fire(rule: crontab, after: datetime) -> datetime:
+    """The first minute strictly after `after` (UTC) that `rule` matches. As in Celery, a rule
+    that restricts both the day of the month and the day of the week needs both to match."""
+    t = (after.astimezone(UTC) + timedelta(minutes=1)).replace(second=0, microsecond=0)
+    hours, minutes = sorted(rule.hour), sorted(rule.minute)
+    for _ in range(366 * 8):  # a rule such as Feb 29 on a Monday matches within 28 years
+        if (
+            t.month in rule.month_of_year
+            and t.day in rule.day_of_month
+            and t.isoweekday() % 7 in rule.day_of_week  # cron: 0 is Sunday
+        ):
+            for hour in hours:
+                if hour < t.hour:
+                    continue
+                for minute in minutes:
+                    if hour == t.hour and minute < t.minute:
+                        continue
+                    return t.replace(hour=hour, minute=minute)
+        t = (t + timedelta(days=1)).replace(hour=0, minute=0)
+    raise InvalidInput("this cron schedule never fires")
 
 
 def set_autopilot(session: Session, name: str, enabled: bool, schedule: str | None) -> Project:

@@ -41,6 +41,50 @@ def test_is_due(expression: str, ago: timedelta, due: bool) -> None:
     assert schedule.is_due(expression, None, now) is True
 
 
+@pytest.mark.parametrize(
+    ("expression", "days", "fires"),
+    [
+        ("0 * * * *", 1, 24),  # hourly, on the hour
+        ("0 3 * * *", 1, 1),  # daily at 03:00
+        ("every 2h", 1, 12),
+        ("30 9 * * 1", 7, 1),  # Mondays at 09:30
+        ("*/15 8-9 * * 1-5", 7, 40),  # every quarter hour from 8 to 10, weekdays
+    ],
+)
+def test_schedules_fire_as_declared_over_a_simulated_clock(
+    expression: str, days: int, fires: int
+) -> None:
+    """A tick each minute over `days` from Sunday 2026-11-29 00:00:20 UTC (end included),
+    counting fires after a run at the start."""
+    start = datetime(2026, 11, 29, 0, 0, 20, tzinfo=UTC)
+    last_run = start
+    fired: list[datetime] = []
+    for minute in range(1, days * 24 * 60 + 1):
+        now = start + timedelta(minutes=minute)
+        if schedule.is_due(expression, last_run, now):
+            fired.append(now)
+            last_run = now
+    assert len(fired) == fires, fired[:5]
+    if expression.startswith("0 "):
+        assert all(f.minute == 0 for f in fired)  # on the hour, never at the half hour
+    if expression == "30 9 * * 1":
+        assert fired[0].weekday() == 0 and (fired[0].hour, fired[0].minute) == (9, 30)
+
+
+def test_a_cron_expression_reads_its_fields_in_crons_order() -> None:
+    rule = schedule.parse("30 9 1 2 3")
+    assert (rule.minute, rule.hour, rule.day_of_month) == ({30}, {9}, {1})
+    assert (rule.month_of_year, rule.day_of_week) == ({2}, {3})
+
+
+def test_the_next_firing_time_is_counted_from_the_last_run_not_the_wall_clock() -> None:
+    rule = schedule.parse("0 * * * *")
+    last = datetime(2026, 12, 2, 12, 31, tzinfo=UTC)
+    assert schedule.next_fire(rule, last) == datetime(2026, 12, 2, 13, 0, tzinfo=UTC)
+    assert not schedule.is_due("0 * * * *", last, last + timedelta(minutes=28))
+    assert schedule.is_due("0 * * * *", last, last + timedelta(minutes=29))
+
+
 @pytest.mark.parametrize("bad", ["every 0h", "every two hours", "* * *", "99 * * * *"])
 def test_bad_schedules_name_the_expected_form(bad: str) -> None:
     with pytest.raises(InvalidInput) as caught:
