@@ -76,6 +76,12 @@ class Settings(BaseSettings):
         "its [agent] env_passthrough names them (a coding agent's own API key, e.g. "
         "ANTHROPIC_API_KEY): the operator's allow-list; nothing else reaches an agent.",
     )
+    idempotency_ttl_s: float = Field(
+        default=24 * 3600,
+        gt=0,
+        description="How long an Idempotency-Key of POST /api/v1/cycles is remembered: a reuse "
+        "within it returns the first cycle (or 422 with another body); after it, a new cycle.",
+    )
     git_author_name: str = "Research Autopilot"
     git_author_email: str = "autopilot@localhost"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

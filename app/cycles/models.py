@@ -24,7 +24,9 @@ class Cycle(OpsBase):
     state: Mapped[str] = mapped_column(String(24), default="planned", index=True)
     agent: Mapped[str] = mapped_column(String(16), default="sweep")
     trigger: Mapped[str] = mapped_column(String(16), default="api")
+    # sha256 of (token name, Idempotency-Key), and of the request it was first used with.
     idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    idempotency_request: Mapped[str | None] = mapped_column(String(64))
     experiment: Mapped[str | None] = mapped_column(String(64))
     parameters: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     hypothesis: Mapped[str | None] = mapped_column(Text)

@@ -56,6 +56,11 @@ def trigger_cycle(
     settings: Annotated[Settings, Depends(get_settings)],
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> CycleOut:
+    key, request = (
+        service.idempotency(token.name, idempotency_key, body.model_dump(mode="json"))
+        if idempotency_key
+        else (None, None)
+    )
     with stores.ops_session() as session:
         cycle, created = service.create(
             session,
@@ -65,9 +70,11 @@ def trigger_cycle(
                 experiment=body.experiment,
                 parameters=dict(body.parameters) if body.parameters else None,
                 changed_hypothesis=body.changed_hypothesis,
-                idempotency_key=f"{token.name}:{idempotency_key}" if idempotency_key else None,
+                idempotency_key=key,
+                request_hash=request,
             ),
             max_live=settings.max_live_cycles_per_project,
+            key_ttl_s=settings.idempotency_ttl_s,
         )
         out = _one(session, cycle)
     if created:

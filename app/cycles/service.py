@@ -4,7 +4,9 @@ the merge `review.py`, the autopilot's schedule `schedules.py`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.agents import service as agents
-from app.clock import aware
+from app.clock import aware, utcnow
 from app.cycles import repository
 from app.cycles.exceptions import CycleFinished, CycleNotFound, TooManyCycles
 from app.cycles.models import Cycle, CycleStep
@@ -29,6 +31,11 @@ from app.projects.models import Project
 from app.settings import Settings
 
 
+class IdempotencyKeyReused(InvalidInput):
+    slug = "idempotency-key-reused"
+    title = "Idempotency-Key reused with another request"
+
+
 @dataclass
 class Trigger:
     project: str
@@ -36,19 +43,45 @@ class Trigger:
     experiment: str | None = None
     parameters: dict[str, Any] | None = None
     changed_hypothesis: str | None = None
-    idempotency_key: str | None = None
+    idempotency_key: str | None = None  # already scoped to the caller (see `idempotency`)
+    request_hash: str | None = None  # of the request the key came with
     trigger: str = "api"
 
 
-def create(session: Session, trigger: Trigger, max_live: int | None = None) -> tuple[Cycle, bool]:
-    """A new planned cycle, or the one an earlier request with the same key created.
+def idempotency(token_name: str, key: str, request: Mapping[str, Any]) -> tuple[str, str]:
+    """The stored forms of a caller's Idempotency-Key and of its request: hashes, so that any
+    key the header allows fits the column, and two callers' equal keys never meet."""
+    scoped = hashlib.sha256(f"{token_name}\n{key}".encode()).hexdigest()
+    body = json.dumps(request, sort_keys=True, separators=(",", ":"), default=str)
+    return scoped, hashlib.sha256(body.encode()).hexdigest()
+
+
+def create(
+    session: Session,
+    trigger: Trigger,
+    max_live: int | None = None,
+    key_ttl_s: float = 24 * 3600,
+) -> tuple[Cycle, bool]:
+    """A new planned cycle, or the one an earlier request with the same key created (within
+    `key_ttl_s`; a key reused with another request is refused, as the IETF Idempotency-Key
+    draft says).
 
     A flood of triggers is refused (429) once a project has `max_live` unfinished cycles: the
     queue and both budgets stay bounded, and nothing is left half-made."""
     if trigger.idempotency_key:
         existing = repository.by_idempotency_key(session, trigger.idempotency_key)
-        if existing is not None:
-            return existing, False
+        created = aware(existing.created_at) if existing is not None else None
+        if existing is not None and created is not None:
+            if (utcnow() - created).total_seconds() > key_ttl_s:
+                existing.idempotency_key = None  # expired: the key is free again
+                session.flush()
+            elif existing.idempotency_request not in (None, trigger.request_hash):
+                raise IdempotencyKeyReused(
+                    f"this Idempotency-Key was first used for cycle {existing.id} with another "
+                    "request body; send the same body to get that cycle, or use a new key"
+                )
+            else:
+                return existing, False
     project = projects.get_project(session, trigger.project)
     if max_live is not None:
         live = repository.live_count(session, project.id)
@@ -70,6 +103,7 @@ def create(session: Session, trigger: Trigger, max_live: int | None = None) -> t
         agent=trigger.agent or "config",  # "config": whatever autopilot.toml names
         trigger=trigger.trigger,
         idempotency_key=trigger.idempotency_key,
+        idempotency_request=trigger.request_hash,
         experiment=trigger.experiment,
         parameters=trigger.parameters,
         changed_hypothesis=trigger.changed_hypothesis,
