@@ -195,6 +195,16 @@ def active_count(session: Session, project_id: int | None = None) -> int:
     return session.scalar(query) or 0
 
 
+def unfinished_standalone(session: Session, project_id: int) -> int:
+    """The project's jobs submitted on their own (no cycle) that have not finished."""
+    query = (
+        select(func.count())
+        .select_from(Job)
+        .where(Job.project_id == project_id, Job.cycle_id.is_(None), Job.state.not_in(FINISHED))
+    )
+    return session.scalar(query) or 0
+
+
 def gpu_seconds_since(session: Session, since: datetime, project_id: int | None = None) -> float:
     """GPU seconds used in the window: finished jobs plus the elapsed part of running ones."""
     finished = select(func.coalesce(func.sum(Job.gpu_seconds), 0.0)).where(Job.finished_at >= since)

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app import broker
 from app.clock import aware, utcnow
 from app.db import Stores
-from app.errors import Conflict, InvalidInput, NotFound
+from app.errors import AutopilotError, Conflict, InvalidInput, NotFound
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.forge.git import GitWork
@@ -147,6 +147,12 @@ def command_spec(declared: Experiment) -> dict[str, Any]:
         "time_metric": declared.time_metric,
         "check": check,
     }
+
+
+class TooManyJobs(AutopilotError):
+    status = 429
+    slug = "too-many-jobs"
+    title = "Too many unfinished jobs"
 
 
 def get(session: Session, job_id: int) -> Job:
@@ -469,6 +475,13 @@ def submit_and_ring(
     committed, ring the prepare doorbell: a rolled-back submit rings nothing."""
     with stores.ops_session() as session:
         row = ops.get_project(session, project)
+        live = repo.unfinished_standalone(session, row.id)
+        if live >= settings.max_live_cycles_per_project:
+            raise TooManyJobs(
+                f"project {project!r} has {live} unfinished jobs submitted on their own (limit "
+                f"{settings.max_live_cycles_per_project}, AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT, "
+                "the same cap as its cycles); retry when some have finished"
+            )
         ref = ProjectRef.of(row)
         forge = forge_service.forge_for(settings, stores)
         base, config = forge_service.config_at_base(GitWork(settings), forge, ref)

@@ -185,3 +185,28 @@ def test_log_tail_and_follow(
         body = "".join(stream.iter_text())
     assert body == "data: [log] step 1\n\ndata: [log] step 2\n\nevent: end\ndata: cancelled\n\n"
     assert client.get("/api/v1/jobs/999/log", headers=headers).status_code == 404
+
+
+def test_standalone_jobs_have_the_same_cap_as_cycles(
+    settings: Settings, stores: Stores, tokens: dict[str, str], probe: str
+) -> None:
+    """Issue 20, item 4: a flood of POST /api/v1/jobs is refused (429) at the per-project cap of
+    unfinished cycles, with nothing stored; a finished job frees its place."""
+    capped = settings.model_copy(update={"max_live_cycles_per_project": 2})
+    with TestClient(create_app(capped, stores)) as client:
+        first = submit(client, tokens["trigger"])
+        submit(client, tokens["trigger"])
+        refused = client.post(
+            "/api/v1/jobs",
+            json={"project": probe, "experiment": "probe", "parameters": {}},
+            headers=bearer(tokens["trigger"]),
+        )
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["type"].endswith("too-many-jobs")
+        assert "AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT" in refused.json()["detail"]
+        assert job_count(stores) == 2
+        cancelled = client.post(
+            f"/api/v1/jobs/{first['id']}/cancel", headers=bearer(tokens["trigger"])
+        )
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        assert submit(client, tokens["trigger"])["state"] == "queued"
