@@ -25,7 +25,6 @@ _PROPERTY_HEADER = re.compile(r"(?P<word>[^\s:]+):(?P<name>\S.*)")
 # A lesson inside a property value starts with a kebab-case project slug (one hyphen at
 # least) and a colon, at the start of the value or after whitespace.
 _SLUG_PREFIX = re.compile(r"(?:(?<=\s)|^)(?P<slug>[a-z0-9]+(?:-[a-z0-9]+)+): ")
-_CONTINUATION = re.compile(r"\s+\+$")
 _MD_ITEM = re.compile(r"- \*\*(?P<status>[a-z_]+)\*\*(?P<rest>.*)")
 _MD_TICKED = re.compile(r"(?P<key>device|group|id) `(?P<value>[^`]*)`")
 
@@ -177,7 +176,7 @@ def parse_property_export(text: str, status: ImportStatus = "proposed") -> list[
         if len(line) == 1 and line.isalpha():
             group = line
             continue
-        value = _CONTINUATION.sub("", line)
+        value = _without_continuation(line)
         if value == "+":
             continue
         cut = value.endswith("…")
@@ -323,3 +322,14 @@ def render_markdown(records: Sequence[FindingRecord]) -> str:
             out.append(f"  Source: {record.source}")
         out.append("")
     return "\n".join(out)
+
+
+def _without_continuation(line: str) -> str:
+    """The line without a trailing continuation mark (whitespace, then `+`). Linear: the regex
+    `\\s+\\+$` it replaces backtracked over every start in a run of spaces (20,000 spaces:
+    1.8 s)."""
+    if not line.endswith("+"):
+        return line
+    body = line[:-1]
+    kept = body.rstrip()
+    return kept if len(kept) < len(body) else line

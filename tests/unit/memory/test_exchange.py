@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.memory import exchange
 from app.memory.exceptions import ImportTooLarge, InvalidImport
@@ -93,6 +96,19 @@ def test_english_property_word_and_crlf() -> None:
     assert [(r.project, r.statement, r.group) for r in records] == [
         ("kernel-lab", "Time both passes.", "x")
     ]
+
+
+@given(st.text(alphabet=" \t+ab", max_size=12))
+def test_the_continuation_mark_is_cut_as_the_regex_did(line: str) -> None:
+    """Issue 20, item 10: the linear cut gives what `\\s+\\+$` gave, on any stripped line."""
+    line = line.strip()
+    assert exchange._without_continuation(line) == re.sub(r"\s+\+$", "", line)
+
+
+def test_a_line_of_many_spaces_is_read_in_one_pass() -> None:
+    text = "Property:Lessons\nabout\nkernel-lab: wide" + " " * 60_000 + "gap. +\n"
+    (parsed,) = exchange.parse(text, "auto")
+    assert parsed.record.statement.startswith("wide") and parsed.record.statement.endswith("gap.")
 
 
 @pytest.mark.parametrize(
