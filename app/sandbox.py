@@ -32,6 +32,7 @@ _ETC = (
 )  # fmt: skip
 _ROOT = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_READ_PLAIN = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SandboxUnavailable(AutopilotError):
@@ -87,8 +88,9 @@ def system_read_only() -> list[Path]:
     return [p for p in paths if p.exists() or p.is_symlink()]
 
 
-def command(argv: Sequence[str], policy: Policy) -> list[str]:
-    """The bwrap command line that runs `argv` under `policy`."""
+def command(argv: Sequence[str], policy: Policy, *, env_fd: int | None = None) -> list[str]:
+    """The bwrap command line that runs `argv` under `policy`. With `env_fd` the environment is
+    not on the command line: bwrap reads its `--setenv` options from that fd (`env_args`)."""
     args = [BWRAP, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
     # We run as root: without this the sandbox keeps every capability in its user namespace
@@ -116,9 +118,22 @@ def command(argv: Sequence[str], policy: Policy) -> list[str]:
         args += ["--symlink", target, str(link)]
     # The scratch root too, so only the writable dirs and /tmp take writes.
     args += ["--remount-ro", "/"]
-    for name, value in policy.environment().items():
-        args += ["--setenv", name, value]
+    if env_fd is None:
+        for name, value in policy.environment().items():
+            args += ["--setenv", name, value]
+    else:
+        args += ["--args", str(env_fd)]
     return [*args, "--chdir", str(policy.cwd), "--", *argv]
+
+
+def env_args(policy: Policy) -> int:
+    """A memory-only fd holding the `--setenv` options of `policy`, NUL-separated, for bwrap's
+    `--args`: an agent's API key is then never on a command line another host user can read."""
+    fd = os.memfd_create("bwrap-env", os.MFD_CLOEXEC)
+    for name, value in policy.environment().items():
+        os.write(fd, b"".join(f"{part}\0".encode() for part in ("--setenv", name, value)))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _cgroup_base() -> Path:
@@ -247,9 +262,11 @@ def run(
     timeout_s: float,
     log_path: Path,
     sandbox: bool = True,
+    stdin: Path | None = None,
 ) -> int:
     """Run `argv` to completion in its own cgroup, confined by `policy` unless `sandbox` is
-    False; output to `log_path`. Nothing it started outlives the call."""
+    False; output to `log_path`, its stdin the file `stdin` (else /dev/null). Nothing it
+    started outlives the call."""
     if sandbox and (reason := check()):
         raise SandboxUnavailable(reason)
     cgroup: Cgroup | None = None
@@ -258,24 +275,33 @@ def run(
     except SandboxUnavailable:
         if sandbox:
             raise
+    env_fd: int | None = None
     if sandbox:
         # bwrap gets an empty environment: --clearenv hides it from the child but not from
         # /proc/1/environ inside the sandbox, which shows bwrap's own initial environment.
-        args, env, cwd = command(argv, policy), {}, None
+        env_fd = env_args(policy)
+        args, env, cwd = command(argv, policy, env_fd=env_fd), {}, None
     else:
         args, env, cwd = list(argv), policy.environment(), policy.cwd
     try:
         # Never through a link a sandboxed run could have planted where its log goes.
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(log_path, flags, 0o600), "ab") as log:
+        with contextlib.ExitStack() as files:
+            log = files.enter_context(os.fdopen(os.open(log_path, flags, 0o600), "ab"))
+            feed = (
+                files.enter_context(os.fdopen(os.open(stdin, _READ_PLAIN), "rb"))
+                if stdin is not None
+                else subprocess.DEVNULL
+            )
             proc = subprocess.Popen(  # noqa: S603
                 args,
                 env=env,
                 cwd=cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=feed,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=() if env_fd is None else (env_fd,),
                 preexec_fn=cgroup.preexec() if cgroup else None,  # noqa: PLW1509
             )
         try:
@@ -293,5 +319,7 @@ def run(
                 cgroup.kill()
             proc.wait()
     finally:
+        if env_fd is not None:
+            os.close(env_fd)
         if cgroup is not None:
             cgroup.remove()

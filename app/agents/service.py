@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,13 +16,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app import sandbox
-from app.agents import informed, workspace
+from app.agents import informed, presets, workspace
 from app.agents.exceptions import AgentFailed, NothingToPropose
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
 from app.projects.config import ProjectConfig
 
 __all__ = ["AgentFailed", "NothingToPropose"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -142,7 +145,11 @@ class CommandAgent:
     """Runs a configured command (argv, no shell) in the sandbox, in a scratch clone of the
     base commit (`workspace.repo`). It reads the prompt and the context JSON named by
     AUTOPILOT_PROMPT / AUTOPILOT_CONTEXT and must write AUTOPILOT_PROPOSAL; what it changes or
-    commits in the clone comes back through `workspace.pack`, checked before it is used."""
+    commits in the clone comes back through `workspace.pack`, checked before it is used.
+
+    With a `preset` (`presets.argv`: claude-code, codex) the argv is a coding-agent CLI's
+    headless command line, `argv` (if set) only its program; it reads the prompt on stdin, and
+    without a proposal.json the proposal is read from its final message."""
 
     argv: list[str]
     workspace: Workspace
@@ -150,31 +157,51 @@ class CommandAgent:
     run_name: str  # names its cgroup
     sandboxed: bool = True
     name: str = "command"
+    preset: str | None = None
+    max_turns: int = 30
+    #: What the project asks to pass from the worker's environment, and the operator's
+    #: allow-list of it (Settings.agent_env_passthrough).
+    env_passthrough: list[str] = field(default_factory=list)
+    env_allowed: list[str] = field(default_factory=list)
 
     def propose(self, context: Context) -> Proposal | None:
-        if not self.argv:
-            raise AgentFailed("agent.command is empty in autopilot.toml; give an argv list")
         files = self.workspace.files
         prompt, ctx = files / "prompt.md", files / "context.json"
         out = self.workspace.output_log
         proposal_path = files / "proposal.json"
+        argv = self.argv
+        if self.preset:
+            argv = presets.argv(self.preset, self.argv, max_turns=self.max_turns, files=files)
+        if not argv:
+            raise AgentFailed("agent.command is empty in autopilot.toml; give an argv list")
+        passed = self._passthrough()
         proposal_path.unlink(missing_ok=True)
-        prompt.write_text(_prompt(context), encoding="utf-8")
+        text = _prompt(context)
+        if self.preset:
+            text += presets.prompt_note(ctx, proposal_path)
+            (files / presets.LAST_MESSAGE).unlink(missing_ok=True)
+        prompt.write_text(text, encoding="utf-8")
         ctx.write_text(json.dumps(_context_json(context), indent=2, default=str), "utf-8")
-        env = sandbox.allow_env(os.environ, _AGENT_ENV_ALLOW) | {
-            "HOME": str(files),
-            "AUTOPILOT_PROMPT": str(prompt),
-            "AUTOPILOT_CONTEXT": str(ctx),
-            "AUTOPILOT_PROPOSAL": str(proposal_path),
-        }
+        env = (
+            sandbox.allow_env(os.environ, _AGENT_ENV_ALLOW)
+            | passed
+            | {
+                "HOME": str(files),
+                "AUTOPILOT_PROMPT": str(prompt),
+                "AUTOPILOT_CONTEXT": str(ctx),
+                "AUTOPILOT_PROPOSAL": str(proposal_path),
+            }
+        )
+        offset = out.stat().st_size if out.exists() else 0
         try:
             code = sandbox.run(
-                self.argv,
-                workspace.policy(self.workspace, env, self.argv),
+                argv,
+                workspace.policy(self.workspace, env, argv),
                 name=self.run_name,
                 timeout_s=self.time_limit_s,
                 log_path=out,
                 sandbox=self.sandboxed,
+                stdin=prompt if self.preset else None,
             )
         except sandbox.SandboxTimeout:
             raise AgentFailed(
@@ -182,10 +209,40 @@ class CommandAgent:
                 f"(output in {out})"
             ) from None
         except OSError as exc:
-            raise AgentFailed(f"agent command {self.argv[0]!r} cannot start: {exc}") from None
+            raise AgentFailed(f"agent command {argv[0]!r} cannot start: {exc}") from None
+        ran = presets.outcome(self.preset, out, offset, files) if self.preset else None
         if code != 0:
-            raise AgentFailed(f"agent command exited with {code}; its output is in {out}")
-        return parse_proposal(proposal_path)
+            why = f" ({ran.failure})" if ran and ran.failure else ""
+            raise AgentFailed(f"agent command exited with {code}{why}; its output is in {out}")
+        if ran is None or os.path.lexists(proposal_path):
+            proposal = parse_proposal(proposal_path)
+        elif ran.failure:
+            raise AgentFailed(f"{ran.failure}; its output is in {out}")
+        else:
+            proposal = proposal_from(presets.proposal_json(ran.message), "the final message")
+        if ran and ran.tokens is not None:
+            proposal.tokens = ran.tokens
+        if ran:
+            cost = f", ${ran.cost_usd:.4f}" if ran.cost_usd is not None else ""
+            log.info("%s agent %s: %s tokens%s", self.preset, self.run_name, ran.tokens, cost)
+        return proposal
+
+    def _passthrough(self) -> dict[str, str]:
+        """The variables the project passes to its agent (their values are never logged)."""
+        for name in self.env_passthrough:
+            if name not in self.env_allowed:
+                raise AgentFailed(
+                    f"[agent] env_passthrough names {name}, which the operator has not allowed: "
+                    f"add it to AUTOPILOT_AGENT_ENV_PASSTHROUGH on the control host (now "
+                    f"{json.dumps(self.env_allowed)}) or drop it from autopilot.toml"
+                )
+            if not os.environ.get(name):
+                raise AgentFailed(
+                    f"[agent] env_passthrough names {name}, allowed by "
+                    "AUTOPILOT_AGENT_ENV_PASSTHROUGH but not set in the control worker's "
+                    "environment: set it there (e.g. in the worker's env file)"
+                )
+        return {name: os.environ[name] for name in self.env_passthrough}
 
 
 def parse_proposal(path: Path) -> Proposal:
@@ -194,23 +251,27 @@ def parse_proposal(path: Path) -> Proposal:
         raise AgentFailed("the agent wrote no proposal.json (AUTOPILOT_PROPOSAL)")
     raw = data.decode("utf-8", errors="replace")
     try:
-        data = json.loads(raw)
+        parsed = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise AgentFailed(f"proposal.json is not valid JSON: {exc}") from None
+    return proposal_from(parsed, "proposal.json")
+
+
+def proposal_from(data: object, source: str) -> Proposal:
+    """A Proposal from the agent's JSON (`source` names where it came from in errors)."""
     if not isinstance(data, dict):
-        raise AgentFailed("proposal.json must hold a JSON object")
+        raise AgentFailed(f"{source} must hold a JSON object")
     unknown = sorted(set(data) - _PROPOSAL_KEYS)
     if unknown:
         raise AgentFailed(
-            f"proposal.json has unknown key {unknown[0]!r}; allowed: "
-            f"{', '.join(sorted(_PROPOSAL_KEYS))}"
+            f"{source} has unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_PROPOSAL_KEYS))}"
         )
     for key, kind in (("hypothesis", str), ("experiment", str), ("parameters", dict)):
         if not isinstance(data.get(key), kind):
-            raise AgentFailed(f"proposal.json: {key!r} must be a {kind.__name__}")
+            raise AgentFailed(f"{source}: {key!r} must be a {kind.__name__}")
     lessons = data.get("proposed_lessons", [])
     if not isinstance(lessons, list) or not all(isinstance(x, str) for x in lessons):
-        raise AgentFailed("proposal.json: 'proposed_lessons' must be a list of strings")
+        raise AgentFailed(f"{source}: 'proposed_lessons' must be a list of strings")
     tokens = data.get("tokens")
     return Proposal(
         hypothesis=data["hypothesis"],

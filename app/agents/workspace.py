@@ -101,17 +101,20 @@ def read_plain_file(path: Path, limit: int) -> bytes | None:
 
 def tool_paths(argv0: str, search_path: str) -> list[Path]:
     """What must be readable for the agent's program to start: the venv it lives in (with
-    `pyvenv.cfg`), else its own directory, unless the system paths already hold it."""
+    `pyvenv.cfg`), else its own directory, unless the system paths already hold it; the same
+    for the file a symlinked program resolves to (`~/.local/bin/claude` links to its version's
+    install, an npm bin to its package)."""
     found = shutil.which(argv0, path=search_path) if os.sep not in argv0 else argv0
     if not found:
         return []
-    program = Path(os.path.abspath(found))
-    if any(program.is_relative_to(p) for p in sandbox.system_read_only()):
-        return []
-    for parent in program.parents:
-        if (parent / "pyvenv.cfg").is_file():
-            return [parent]
-    return [program.parent]
+    system = sandbox.system_read_only()
+    paths: list[Path] = []
+    for program in (Path(os.path.abspath(found)), Path(os.path.realpath(found))):
+        if any(program.is_relative_to(p) for p in system):
+            continue
+        venv = next((p for p in program.parents if (p / "pyvenv.cfg").is_file()), None)
+        paths.append(venv or program.parent)
+    return list(dict.fromkeys(paths))
 
 
 def policy(
@@ -128,6 +131,9 @@ def policy(
         read_only=[*tools, *read_only],
         writable=[workspace.work],
         network=True,
+        # Its files dir, not the clone: what a CLI keeps in ~ (.claude.json, .codex/) stays
+        # out of the change that comes back.
+        home=workspace.files,
     )
 
 

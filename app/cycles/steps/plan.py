@@ -145,10 +145,14 @@ class Plan(Step):
                 time_limit_s=config.agent.time_limit_s,
                 run_name=f"agent-{cycle_id}",
                 sandboxed=self.settings.sandbox == "on",
+                preset=config.agent.preset,
+                max_turns=config.agent.max_turns,
+                env_passthrough=list(config.agent.env_passthrough),
+                env_allowed=list(self.settings.agent_env_passthrough),
             ),
             git,
             branch,
-            (self.settings.git_author_name, self.settings.git_author_email),
+            author,
         )
 
 

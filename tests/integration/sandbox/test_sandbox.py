@@ -97,7 +97,7 @@ class Sandbox:
         (self.work / "probe.py").write_text(textwrap.dedent(script))
         out = self.work / "out.json"
         out.unlink(missing_ok=True)
-        timeout_s = kw.pop("timeout_s", 60)
+        timeout_s, stdin = kw.pop("timeout_s", 60), kw.pop("stdin", None)
         rc = run(
             [PYTHON, "probe.py", *args],
             self.policy(**kw),
@@ -105,6 +105,7 @@ class Sandbox:
             timeout_s=timeout_s,
             log_path=self.log,
             sandbox=sandbox,
+            stdin=stdin,
         )
         assert rc == 0, self.log.read_text()
         result: dict[str, Any] = json.loads(out.read_text())
@@ -154,6 +155,34 @@ def test_environment_is_exactly_the_policy(box: Sandbox, tmp_path: Path) -> None
         env={**box.env, "HOME": "/root"},
     )
     assert seen["HOME"] == str(home)
+
+
+def test_environment_stays_off_the_command_line_and_stdin_is_fed(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    """An agent's API key goes in its environment, never on bwrap's command line (which any
+    user of the host could read, as the sandbox's pid 1 can); the prompt file is its stdin."""
+    prompt = tmp_path / "prompt.md"
+    prompt.write_text("the prompt\n")
+    seen = box.run(
+        """
+        import json, os, sys
+        json.dump({"stdin": sys.stdin.read(), "key": os.environ.get("AGENT_KEY"),
+                   "cmdline": open("/proc/1/cmdline", "rb").read().decode(errors="replace"),
+                   "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                           if os.path.exists(f"/proc/self/fd/{fd}")]}, open("out.json", "w"))
+        """,
+        env={**box.env, "AGENT_KEY": CANARY},
+        stdin=prompt,
+    )
+    assert seen["stdin"] == "the prompt\n"
+    assert seen["key"] == CANARY
+    assert "--args" in seen["cmdline"]
+    assert CANARY not in seen["cmdline"]
+    assert "policy-env" not in seen["cmdline"]
+    assert not [fd for fd in seen["fds"] if "bwrap-env" in fd], seen["fds"]
+    # Without a file it reads nothing (/dev/null), as before.
+    assert box.run("import json, sys; json.dump(sys.stdin.read(), open('out.json', 'w'))") == ""
 
 
 def test_allow_env_passes_only_the_names_given() -> None:
