@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,12 +292,18 @@ def render_jsonl(records: Iterable[FindingRecord]) -> str:
     )
 
 
-def render_markdown(records: Sequence[FindingRecord]) -> str:
+def render_markdown(records: Iterable[FindingRecord]) -> str:
     """People's view: by project (general last), then kind; status and the unverified mark."""
-    out = [MARKDOWN_TITLE, ""]
+    return "".join(markdown_chunks(records))
+
+
+def markdown_chunks(records: Iterable[FindingRecord]) -> Iterator[str]:
+    """`render_markdown` a finding at a time, for a streamed export."""
+    yield MARKDOWN_TITLE + "\n"
     project: object = object()
     kind: str | None = None
     for record in records:
+        out = [""]
         if record.project != project:
             project = record.project
             kind = None
@@ -320,8 +326,7 @@ def render_markdown(records: Sequence[FindingRecord]) -> str:
         out += [f"  > {line}" if line else "  >" for line in record.statement.split("\n")]
         if record.source:
             out.append(f"  Source: {record.source}")
-        out.append("")
-    return "\n".join(out)
+        yield "\n".join(out) + "\n"
 
 
 def _without_continuation(line: str) -> str:

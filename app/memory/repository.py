@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.memory.models import Finding, FindingEvent
@@ -130,15 +130,23 @@ def events_by_finding(session: Session, ids: Sequence[str]) -> dict[str, list[Fi
 
 def all_findings(session: Session) -> Sequence[Finding]:
     """Every finding in export order: project (general last), kind, then age."""
-    return session.scalars(
-        select(Finding).order_by(
-            Finding.project.is_(None),
-            Finding.project,
-            Finding.kind,
-            Finding.created_at,
-            Finding.id,
-        )
-    ).all()
+    return session.scalars(_export_order()).all()
+
+
+def findings_in_batches(session: Session, size: int) -> Iterator[Sequence[Finding]]:
+    """Every finding in export order, `size` at a time, streamed from the database."""
+    result = session.scalars(_export_order().execution_options(yield_per=size))
+    yield from result.partitions(size)
+
+
+def _export_order() -> Select[Finding]:
+    return select(Finding).order_by(
+        Finding.project.is_(None),
+        Finding.project,
+        Finding.kind,
+        Finding.created_at,
+        Finding.id,
+    )
 
 
 def add(session: Session, rows: Iterable[Finding | FindingEvent]) -> None:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Query, Response, UploadFile, status
+from fastapi import APIRouter, File, Form, Query, UploadFile, status
+from fastapi.responses import StreamingResponse
 
-from app.api.deps import AdminToken, AnyToken, MemorySession, ReviewToken, TriggerToken
+from app.api.deps import (
+    AdminToken,
+    AnyToken,
+    MemorySession,
+    ReviewToken,
+    StoresDep,
+    TriggerToken,
+)
+from app.errors import Forbidden
 from app.memory import service
 from app.memory.exchange import MAX_IMPORT_BYTES
 from app.memory.schemas import (
@@ -56,7 +66,31 @@ def search_findings(
 
 @router.post("/findings", status_code=status.HTTP_201_CREATED, response_model=FindingOut)
 def create_finding(body: FindingCreate, session: MemorySession, token: TriggerToken) -> FindingOut:
+    """A finding, `proposed`. Its provenance (source, source and publication status, evidence)
+    is the admin's to state, or an import's: another token's finding is `unverified`, with the
+    token as its source."""
+    if "admin" not in token.scopes:
+        claimed = _provenance_claims(body)
+        if claimed:
+            raise Forbidden(
+                f"only an admin token (or an import) may set a finding's provenance: "
+                f"{', '.join(claimed)}; leave them out, and the finding is recorded as "
+                f"unverified with token {token.name!r} as its source"
+            )
+        body = body.model_copy(
+            update={"source": f"api token {token.name}", "source_status": "unverified"}
+        )
     return FindingOut.from_model(service.create(session, body, token.name))
+
+
+def _provenance_claims(body: FindingCreate) -> list[str]:
+    """The provenance fields `body` states beyond a plain, unverified finding's."""
+    plain = FindingCreate(kind=body.kind, statement=body.statement)
+    return [
+        name
+        for name in ("evidence", "publication_status", "source", "source_status")
+        if getattr(body, name) != getattr(plain, name)
+    ]
 
 
 @router.get("/findings/{finding_id}", response_model=FindingDetail)
@@ -104,14 +138,22 @@ def import_findings(
     return service.import_file(session, data, format=format, status=status, actor=token.name)
 
 
-@router.get("/export", response_class=Response)
+@router.get("/export", response_class=StreamingResponse)
 def export_findings(
-    session: MemorySession, _: AnyToken, format: ExportFormat = "jsonl"
-) -> Response:
-    body = service.export(session, format)
+    stores: StoresDep, _: ReviewToken, format: ExportFormat = "jsonl"
+) -> StreamingResponse:
+    """The whole store, streamed a batch of findings at a time (scope review or admin: it is
+    everything memory holds, unreviewed findings included)."""
+
+    def body() -> Iterator[bytes]:
+        # Its own session: the request's ends when the route returns, before the body is sent.
+        with stores.memory_session() as session:
+            for chunk in service.export_chunks(session, format):
+                yield chunk.encode()
+
     filename = "memory.jsonl" if format == "jsonl" else "memory.md"
-    return Response(
-        body,
+    return StreamingResponse(
+        body(),
         media_type=_EXPORT_TYPES[format],
         headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )

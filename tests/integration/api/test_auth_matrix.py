@@ -25,7 +25,7 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("post", "/api/v1/memory/findings/{finding_id}/refute"): "review",
     ("post", "/api/v1/memory/findings/{finding_id}/supersede"): "review",
     ("post", "/api/v1/memory/import"): "admin",
-    ("get", "/api/v1/memory/export"): None,
+    ("get", "/api/v1/memory/export"): "review",  # the whole store, unreviewed included
     ("post", "/api/v1/jobs"): "trigger",
     ("get", "/api/v1/jobs"): None,
     ("get", "/api/v1/jobs/{job_id}"): None,

@@ -36,11 +36,19 @@ def test_record_validate_refute_supersede(client: TestClient, tokens: dict[str, 
         "device_kind": "h100",
         "evidence": {"cycle_id": "7", "commit": "abc"},
     }
-    created = client.post(f"{API}/findings", json=body, headers=bearer(tokens["trigger"]))
+    # Provenance is the admin's (or an import's) to state (issue 20, item 7).
+    claimed = client.post(f"{API}/findings", json=body, headers=bearer(tokens["trigger"]))
+    assert_problem(claimed, 403, "provenance: evidence", "t-trigger")
+    verified = {**body, "evidence": {}, "source_status": "verified"}
+    claimed = client.post(f"{API}/findings", json=verified, headers=bearer(tokens["trigger"]))
+    assert_problem(claimed, 403, "provenance: publication_status, source_status")
+    plain = {k: v for k, v in body.items() if k != "evidence"}
+    created = client.post(f"{API}/findings", json=plain, headers=bearer(tokens["trigger"]))
     assert created.status_code == 201, created.text
     finding = created.json()
     assert (finding["status"], finding["statement"]) == ("proposed", "Stages ≤ 3 on h100.  ")
     assert (finding["source_status"], finding["publication_status"]) == ("unverified", "unverified")
+    assert finding["source"] == "api token t-trigger"
     fid = finding["id"]
 
     again = client.post(f"{API}/findings", json=body, headers=bearer(tokens["admin"]))
@@ -124,6 +132,9 @@ def test_import_search_and_export(
     assert (len(page["items"]), page["next_offset"]) == (2, 2)
     assert client.get(f"{API}/findings", params={"limit": 0}, headers=reader).status_code == 422
 
+    # the whole store, unreviewed findings included: a review (or admin) token's to take
+    assert client.get(f"{API}/export", headers=reader).status_code == 403
+    reader = bearer(tokens["review"])
     jsonl = client.get(f"{API}/export", params={"format": "jsonl"}, headers=reader)
     assert jsonl.headers["content-type"].startswith("application/x-ndjson")
     assert len([json.loads(line) for line in jsonl.text.splitlines()]) == 10
