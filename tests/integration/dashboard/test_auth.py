@@ -118,9 +118,12 @@ def test_tampered_cookie_and_revoked_token_end_the_session(
     good = client.cookies.get("autopilot_session")
     assert good
     body, _, mac = good.partition(".")
-    client.cookies.set("autopilot_session", body + "x." + mac, path="/dashboard")
+    # Replace the cookie itself (same domain and path): a second cookie of the same name
+    # would be sent beside it, in an order the server need not honour.
+    (domain,) = {c.domain for c in client.cookies.jar if c.name == "autopilot_session"}
+    client.cookies.set("autopilot_session", body + "x." + mac, domain=domain, path="/dashboard")
     assert client.get("/dashboard/", follow_redirects=False).status_code == 303
-    client.cookies.set("autopilot_session", good, path="/dashboard")
+    client.cookies.set("autopilot_session", good, domain=domain, path="/dashboard")
     assert client.get("/dashboard/", follow_redirects=False).status_code == 200
     with stores.ops_session() as session:
         ops.revoke_token(session, "root")
