@@ -77,7 +77,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # One message at a time per worker: a GPU worker must not hoard doorbells it cannot run.
         "worker_prefetch_multiplier": 1,
         "worker_hijack_root_logger": False,
+        # Off by default; the control worker turns them on with Redis (`--task-events`, for
+        # Flower). Sent events too, so Flower sees a task from the moment it is queued.
         "worker_send_task_events": False,
+        "task_send_sent_event": settings.broker_url.startswith(("redis://", "rediss://")),
         "beat_schedule": {
             "schedule": {
                 "task": SCHEDULE_TICK,

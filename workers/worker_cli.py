@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from app.settings import Settings
+
 worker_app = typer.Typer(
     help="Start workers: one per GPU, and the control worker.", no_args_is_help=True
 )
@@ -95,6 +97,21 @@ def worker_control(
             err=True,
         )
 
+    argv = control_argv(load_settings(), concurrency, loglevel, beat=beat)
+    celery.worker_main(argv)
+
+
+def beat_command(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
+    """Run the beat schedule (the reaper, project schedules). Run exactly one per deployment."""
+    from workers.celery_app import celery
+
+    celery.start(["beat", "--loglevel", loglevel])
+
+
+def control_argv(settings: Settings, concurrency: int, loglevel: str, *, beat: bool) -> list[str]:
+    """The control worker's Celery argv. With Redis (where docker-compose.yml runs Flower), it
+    sends task events, so Flower's task pages show the control queue's work (cycle steps,
+    merges, the reaper, schedule ticks); the embedded filesystem broker has no event fan-out."""
     argv = [
         "worker",
         "-Q",
@@ -110,13 +127,8 @@ def worker_control(
         "--loglevel",
         loglevel,
     ]
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        argv.append("--task-events")
     if beat:
         argv.append("--beat")
-    celery.worker_main(argv)
-
-
-def beat_command(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
-    """Run the beat schedule (the reaper, project schedules). Run exactly one per deployment."""
-    from workers.celery_app import celery
-
-    celery.start(["beat", "--loglevel", loglevel])
+    return argv
