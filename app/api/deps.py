@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Request, Response
 from sqlalchemy.orm import Session
 
 from app.db import Stores
@@ -85,3 +85,14 @@ AnyToken = Annotated[ApiToken, Depends(require(None))]
 TriggerToken = Annotated[ApiToken, Depends(require("trigger"))]
 ReviewToken = Annotated[ApiToken, Depends(require("review"))]
 AdminToken = Annotated[ApiToken, Depends(require("admin"))]
+
+
+def page_headers(
+    request: Request, response: Response, *, total: int, limit: int, offset: int
+) -> None:
+    """A list's paging, in headers (the body stays a plain list): `X-Total-Count`, and
+    `Link: <next page>; rel="next"` while more remain."""
+    response.headers["X-Total-Count"] = str(total)
+    if offset + limit < total:
+        following = request.url.include_query_params(offset=offset + limit, limit=limit)
+        response.headers["Link"] = f'<{following}>; rel="next"'

@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
         version="0.1.0",
         description="Autonomous research cycles on GPU and ML-systems code.",
         lifespan=lifespan,
+        generate_unique_id_function=openapi.operation_id,
     )
     app.state.settings = settings
     app.state.stores = stores

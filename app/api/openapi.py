@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from app.api.problems import PROBLEM_JSON
 
@@ -54,6 +55,13 @@ ERRORS = {
 # Which errors each kind of operation can answer, besides its success.
 ALWAYS = ("401", "403", "404", "422", "503")
 WITH_BODY = ("400", "409", "413", "429")
+
+
+def operation_id(route: APIRoute) -> str:
+    """`listCycles`, not `list_cycles_api_v1_cycles_get`: what a generated client calls it (the
+    route functions' names are unique)."""
+    first, *rest = route.name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
 
 
 def _problem(description: str) -> dict[str, Any]:

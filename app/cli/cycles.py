@@ -80,7 +80,8 @@ def cycle_list(
     try:
         with open_stores().ops_session() as session:
             rows = [
-                _row(session, c) for c in service.list_cycles(session, project=project, state=state)
+                _row(session, c)
+                for c in service.list_cycles(session, project=project, state=state)[0]
             ]
     except AutopilotError as exc:
         exit_on_domain_error(exc)

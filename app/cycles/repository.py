@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, inspect, select
+from sqlalchemy import Select, func, inspect, select
 from sqlalchemy.orm import Session
 
 from app.clock import utcnow
@@ -52,14 +53,30 @@ def live_count(session: Session, project_id: int) -> int:
 
 
 def list_cycles(
-    session: Session, *, project_id: int | None = None, state: str | None = None, limit: int = 100
+    session: Session,
+    *,
+    project_id: int | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
 ) -> Sequence[Cycle]:
-    query = select(Cycle)
+    query = _filtered(select(Cycle), project_id, state)
+    return session.scalars(query.order_by(Cycle.id.desc()).limit(limit).offset(offset)).all()
+
+
+def count_cycles(
+    session: Session, *, project_id: int | None = None, state: str | None = None
+) -> int:
+    query = _filtered(select(func.count()).select_from(Cycle), project_id, state)
+    return session.scalar(query) or 0
+
+
+def _filtered(query: Select[Any], project_id: int | None, state: str | None) -> Select[Any]:
     if project_id is not None:
         query = query.where(Cycle.project_id == project_id)
     if state:
         query = query.where(Cycle.state == state)
-    return session.scalars(query.order_by(Cycle.id.desc()).limit(limit)).all()
+    return query
 
 
 def tokens_since(session: Session, project_id: int, since: datetime) -> int:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Response, status
+from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
 from app import broker
 from app.api.deps import (
+    MAX_OFFSET,
     AnyToken,
     OpsSession,
     ReviewToken,
@@ -17,6 +18,7 @@ from app.api.deps import (
     TriggerToken,
     get_settings,
     get_stores,
+    page_headers,
 )
 from app.cycles import review, schedules, service
 from app.cycles.models import Cycle, CycleStep
@@ -28,6 +30,7 @@ from app.cycles.schemas import (
     ReviewDecision,
     StepOut,
 )
+from app.cycles.states import CycleState
 from app.db import Stores
 from app.jobs import service as jobs
 from app.settings import Settings
@@ -88,9 +91,21 @@ def trigger_cycle(
 
 @router.get("", response_model=list[CycleOut])
 def list_cycles(
-    session: OpsSession, _: AnyToken, project: str | None = None, state: str | None = None
+    request: Request,
+    response: Response,
+    session: OpsSession,
+    _: AnyToken,
+    project: str | None = None,
+    state: CycleState | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[CycleOut]:
-    rows = service.list_cycles(session, project=project, state=state)
+    """Cycles, newest first, a page at a time: `X-Total-Count` says how many match, and a
+    `Link: <...>; rel="next"` header points to the next page while there is one."""
+    rows, total = service.list_cycles(
+        session, project=project, state=state, limit=limit, offset=offset
+    )
+    page_headers(request, response, total=total, limit=limit, offset=offset)
     job_ids = jobs.ids_for_cycles(session, [c.id for c in rows])
     return [_out(c, job_ids) for c in rows]
 

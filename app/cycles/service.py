@@ -132,10 +132,19 @@ def steps(session: Session, cycle_id: int) -> Sequence[CycleStep]:
 
 
 def list_cycles(
-    session: Session, *, project: str | None = None, state: str | None = None, limit: int = 100
-) -> Sequence[Cycle]:
+    session: Session,
+    *,
+    project: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[Sequence[Cycle], int]:
+    """A page of cycles, newest first, and how many match in all."""
     project_id = projects.get_project(session, project).id if project else None
-    return repository.list_cycles(session, project_id=project_id, state=state, limit=limit)
+    rows = repository.list_cycles(
+        session, project_id=project_id, state=state, limit=limit, offset=offset
+    )
+    return rows, repository.count_cycles(session, project_id=project_id, state=state)
 
 
 def cancel(session: Session, cycle_id: int, by: str) -> Cycle:

@@ -6,6 +6,8 @@ planned → preparing → queued → running → analyzing → committing → pu
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 TERMINAL = ("approved", "rejected", "skipped_repeat", "failed", "cancelled")
 WAITING = ("awaiting_review", "deferred_budget")
 # Where a follower (the CLI, the demo) stops watching: an end, or a wait on a person or budget.
@@ -18,3 +20,22 @@ STEPPING = ("planned", "preparing", "analyzing", "committing", "publishing")
 ON_JOB = ("queued", "running")
 # A fingerprint held by one of these is taken: a second cycle would repeat it.
 HOLDS_FINGERPRINT = (*LIVE, "awaiting_review")
+# Every state, as a type: an API filter with another value is a 422, not an empty list.
+CycleState = Literal[
+    "planned",
+    "preparing",
+    "queued",
+    "running",
+    "analyzing",
+    "committing",
+    "publishing",
+    "awaiting_review",
+    "deferred_budget",
+    "approved",
+    "rejected",
+    "skipped_repeat",
+    "failed",
+    "cancelled",
+]
+ALL = get_args(CycleState)
+assert set(ALL) == {*LIVE, *SETTLED}

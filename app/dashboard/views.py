@@ -85,7 +85,7 @@ def review_queue(
         for name in wanted:
             limit = 200 if name == "awaiting_review" else RECENT_DECISIONS
             rows.extend(
-                cycles.list_cycles(session, project=project or None, state=name, limit=limit)
+                cycles.list_cycles(session, project=project or None, state=name, limit=limit)[0]
             )
         for row in rows:
             session.expunge(row)
@@ -137,7 +137,7 @@ def cycle_list(
         names = ops.project_names(session)
         rows = [
             CycleRow(c, names.get(c.project_id, "?"), list(cycles.steps(session, c.id)))
-            for c in cycles.list_cycles(session, project=project or None, state=state or None)
+            for c in cycles.list_cycles(session, project=project or None, state=state or None)[0]
         ]
         session.expunge_all()
     return rows, sorted(names.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, select, update
 from sqlalchemy.orm import Session
@@ -247,14 +248,31 @@ def list_jobs(
     limit: int = 100,
     offset: int = 0,
 ) -> Sequence[Job]:
-    query = select(Job)
+    query = _jobs_where(select(Job), queue, state, project_id)
+    return session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
+
+
+def count_jobs(
+    session: Session,
+    *,
+    queue: str | None = None,
+    state: str | None = None,
+    project_id: int | None = None,
+) -> int:
+    query = _jobs_where(select(func.count()).select_from(Job), queue, state, project_id)
+    return session.scalar(query) or 0
+
+
+def _jobs_where(
+    query: Select[Any], queue: str | None, state: str | None, project_id: int | None
+) -> Select[Any]:
     if queue:
         query = query.where(Job.queue == queue)
     if state:
         query = query.where(Job.state == state)
     if project_id is not None:
         query = query.where(Job.project_id == project_id)
-    return session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
+    return query
 
 
 def queue_summary(session: Session) -> list[tuple[str, str, int, datetime | None]]:

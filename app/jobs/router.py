@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Query, Request, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from app.api.deps import (
@@ -18,6 +18,7 @@ from app.api.deps import (
     SettingsDep,
     StoresDep,
     TriggerToken,
+    page_headers,
     require,
 )
 from app.api.problems import PROBLEM_JSON
@@ -51,6 +52,8 @@ def submit_job(
 
 @router.get("/jobs", response_model=list[JobOut])
 def list_jobs(
+    request: Request,
+    response: Response,
     session: OpsSession,
     _: AnyToken,
     settings: SettingsDep,
@@ -60,12 +63,15 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[JobOut]:
+    """Jobs, newest first, a page at a time (`X-Total-Count`, `Link: rel="next"`)."""
     if queue is not None:
         jobs.parse_queue(settings, queue)  # an unknown queue is a 422, not an empty list
     project_id = ops.get_project(session, project).id if project else None
     rows = jobs.list_jobs(
         session, queue=queue, state=state, project_id=project_id, limit=limit, offset=offset
     )
+    total = jobs.count_jobs(session, queue=queue, state=state, project_id=project_id)
+    page_headers(request, response, total=total, limit=limit, offset=offset)
     return [JobOut.model_validate(j) for j in rows]
 
 

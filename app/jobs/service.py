@@ -426,6 +426,10 @@ def list_jobs(session: Session, **filters: Any) -> Sequence[Job]:
     return repo.list_jobs(session, **filters)
 
 
+def count_jobs(session: Session, **filters: Any) -> int:
+    return repo.count_jobs(session, **filters)
+
+
 def list_workers(session: Session) -> Sequence[Worker]:
     return repo.list_workers(session)
 
