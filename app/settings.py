@@ -87,7 +87,13 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = False
     cors_origins: list[str] = Field(default_factory=list)
-    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_request_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="The largest request body, except on the routes that need more: a memory "
+        "import (its file limit, 50 MB, plus the form), a job's log upload "
+        "(AUTOPILOT_MAX_JOB_LOG_BYTES) and the git endpoint's fetch negotiation (16 MiB).",
+    )
     max_job_log_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,

@@ -1,7 +1,10 @@
 """Request size limit: a body larger than the limit is refused with 413 before it is read whole.
 
-One limit for every request, except the routes given their own (a job's whole log is uploaded
-in one request and may be larger, or must be smaller, than any other body).
+A small limit for every request (AUTOPILOT_MAX_REQUEST_BYTES, 1 MiB), except the routes given
+their own: a memory import, a job's whole log (uploaded in one request), and the git endpoint.
+Starlette 1.x has a limit of its own (`max_body_size`, per app or route), but it answers 413 in
+plain text where every error here is problem+json, and the FastAPI floor in pyproject.toml
+(0.110) predates it; so this middleware counts the body as it arrives.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from collections.abc import Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import PROBLEM_BASE
+
+#: What a memory import's multipart form adds to its file (boundaries, the other fields).
+IMPORT_FORM_BYTES = 1024 * 1024
+#: A git client's fetch negotiation (want/have lines) on the forge's smart-HTTP endpoint.
+GIT_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 class BodySizeLimit:

@@ -9,15 +9,17 @@ from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import health, openapi, problems
-from app.api.limits import BodySizeLimit
+from app.api.limits import GIT_REQUEST_BYTES, IMPORT_FORM_BYTES, BodySizeLimit
 from app.api.metrics import metrics_router
 from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
 from app.db import Stores
 from app.forge.http import router as forge_http_router
+from app.forge.local import HTTP_PREFIX
 from app.jobs import router as jobs_router_module
 from app.jobs.router import router as jobs_router
+from app.memory.exchange import MAX_IMPORT_BYTES
 from app.memory.router import router as memory_router
 from app.projects.router import router as projects_router
 from app.settings import Settings, get_settings
@@ -50,7 +52,12 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_request_bytes,
-        routes={API_PREFIX + jobs_router_module.LOG_ROUTE_PATTERN: settings.max_job_log_bytes},
+        # Only the routes that need a large body get one (issue 20).
+        routes={
+            API_PREFIX + jobs_router_module.LOG_ROUTE_PATTERN: settings.max_job_log_bytes,
+            "/api/v1/memory/import": MAX_IMPORT_BYTES + IMPORT_FORM_BYTES,
+            HTTP_PREFIX + "/.*": GIT_REQUEST_BYTES,
+        },
     )
     if settings.cors_origins:  # CORS stays off unless configured
         app.add_middleware(

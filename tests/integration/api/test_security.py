@@ -166,3 +166,26 @@ def test_ruff_enforces_the_bandit_shell_rules() -> None:
     for pattern, rules in lint.get("per-file-ignores", {}).items():
         if pattern.startswith(("app", "workers")):
             assert not {"S", "S602", "S605"} & set(rules), pattern
+
+
+def test_the_small_default_limit_spares_the_routes_that_need_more(
+    client: TestClient, tokens: dict[str, str], settings: Settings
+) -> None:
+    """Issue 20, item 6: 1 MiB by default; a memory import takes its 50 MB file."""
+    assert settings.max_request_bytes == 1024 * 1024
+    over = b"{" + b" " * (2 * 1024 * 1024) + b"}"
+    cycles = client.post(
+        "/api/v1/cycles",
+        content=over,
+        headers={**bearer(tokens["trigger"]), "Content-Type": "application/json"},
+    )
+    assert cycles.status_code == 413 and cycles.json()["type"].endswith("too-large")
+    lines = b'{"kind": "lesson", "statement": "a lesson of two MiB"}\n' + b"\n" * (2 << 20)
+    imported = client.post(
+        "/api/v1/memory/import",
+        files={"file": ("lessons.jsonl", lines)},
+        data={"format": "jsonl"},
+        headers=bearer(tokens["admin"]),
+    )
+    assert imported.status_code == 200, imported.text
+    assert imported.json()["imported"] == 1
