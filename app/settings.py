@@ -60,6 +60,14 @@ class Settings(BaseSettings):
         "each run in its own cgroup. `off` runs it unconfined: only for a machine that has "
         "neither, and every job records it.",
     )
+    metrics_auth: Literal["token", "public"] = Field(
+        default="token",
+        description="/metrics names worker hosts: `token` asks for AUTOPILOT_METRICS_TOKEN or any "
+        "API token that may read; `public` only where the API's bind is private to the scraper.",
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None, description="A scraper's bearer token for /metrics, and nothing else."
+    )
     llm_base_url: str | None = Field(
         default=None,
         description='The research agent\'s OpenAI-compatible endpoint ([agent] kind = "llm"): '

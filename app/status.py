@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
@@ -35,6 +35,22 @@ FORGE_ERRORS = Counter(
     "Errors from the forge (git push, pull request calls), by forge and operation.",
     ["forge", "operation"],
     registry=None,  # registered into each request's registry, never a global one
+)
+
+# The API's own requests, by method, route template (never the raw path: ids would make a series
+# each) and status; and their latency.
+HTTP_REQUESTS = Counter(
+    "autopilot_http_requests",
+    "API requests by method, route and status.",
+    ["method", "route", "status"],
+    registry=None,
+)
+HTTP_LATENCY = Histogram(
+    "autopilot_http_request_duration_seconds",
+    "API request latency by method and route.",
+    ["method", "route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=None,
 )
 
 # Buckets of the job duration histogram (GPU seconds): a kernel benchmark to a day-long run.

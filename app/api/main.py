@@ -11,6 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from app.api import health, openapi, problems
 from app.api.limits import GIT_REQUEST_BYTES, IMPORT_FORM_BYTES, BodySizeLimit
 from app.api.metrics import metrics_router
+from app.api.request_metrics import RequestMetrics
 from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
             HTTP_PREFIX + "/.*": GIT_REQUEST_BYTES,
         },
     )
+    app.add_middleware(RequestMetrics)
     if settings.cors_origins:  # CORS stays off unless configured
         app.add_middleware(
             CORSMiddleware,

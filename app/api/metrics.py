@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable
 
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -15,10 +22,21 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.api.deps import SettingsDep, StoresDep
+from app.api.deps import SettingsDep, StoresDep, bearer_token
 from app.api.problems import problem_response
+from app.db import Stores
 from app.errors import PROBLEM_BASE
-from app.status import DURATION_BUCKETS_S, FORGE_ERRORS, MULTIPROC_DIR, Snapshot, take_snapshot
+from app.projects import service as ops
+from app.settings import Settings
+from app.status import (
+    DURATION_BUCKETS_S,
+    FORGE_ERRORS,
+    HTTP_LATENCY,
+    HTTP_REQUESTS,
+    MULTIPROC_DIR,
+    Snapshot,
+    take_snapshot,
+)
 
 
 class SnapshotCollector(Collector):
@@ -104,16 +122,34 @@ class SnapshotCollector(Collector):
 metrics_router = APIRouter(tags=["health"])
 
 
+def _authorize(request: Request, stores: Stores, settings: Settings) -> None:
+    presented = bearer_token(request)
+    wanted = settings.metrics_token
+    if (
+        wanted is not None
+        and presented
+        and hmac.compare_digest(presented.encode(), wanted.get_secret_value().encode())
+    ):
+        return
+    with stores.ops_session() as session:  # an API token that may read
+        ops.require_reader(ops.authenticate(session, presented))
+
+
 @metrics_router.get(
     "/metrics",
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 503: {"description": "DB down"}},
 )
 def metrics(
+    request: Request,
     stores: StoresDep,
     settings: SettingsDep,
 ) -> Response:
-    """Prometheus exposition of the ops figures; public, like /healthz, for the scraper."""
+    """Prometheus exposition of the ops figures, the API's requests by route and the process's
+    own figures. It names worker hosts, so it needs a token unless AUTOPILOT_METRICS_AUTH=public
+    (a scrape-only bind): the AUTOPILOT_METRICS_TOKEN, or any API token that may read."""
+    if settings.metrics_auth == "token":
+        _authorize(request, stores, settings)
     try:
         with stores.ops_session() as session:
             snapshot = take_snapshot(session, settings)
@@ -134,5 +170,8 @@ def metrics(
 
         multiprocess.MultiProcessCollector(registry, path=MULTIPROC_DIR)  # type: ignore[no-untyped-call]
     else:
-        registry.register(FORGE_ERRORS)
+        for own in (FORGE_ERRORS, HTTP_REQUESTS, HTTP_LATENCY):
+            registry.register(own)
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -193,7 +193,7 @@ def test_postgres_down_gives_503_problem_json_then_recovers(
             )
             answers["POST /api/v1/projects"] = created.status_code
             assert created.status_code == 503, created.text
-            metrics = client.get("/metrics")  # public; it must not turn into a 500 either
+            metrics = client.get("/metrics", headers=auth)  # it must not turn into a 500 either
             answers["GET /metrics"] = metrics.status_code
             assert metrics.status_code in (200, 503), metrics.text[:500]
             no_token = client.get("/api/v1/projects")  # 401 needs no DB: it is still a 401

@@ -26,7 +26,6 @@ from tests.support import bearer
 PUBLIC: set[tuple[str, str]] = {
     ("get", "/healthz"),
     ("get", "/readyz"),
-    ("get", "/metrics"),
 }
 # Served by FastAPI itself and not listed in the document; they describe the API, hold no data.
 DOCS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")

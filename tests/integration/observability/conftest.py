@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from app.api.main import create_app
 from app.db import Stores
@@ -15,11 +16,14 @@ from app.jobs.models import Job, Worker
 from app.projects.models import Project
 from app.settings import Settings
 
+SCRAPE_TOKEN = "scrape-only-secret"
+
 
 @pytest.fixture
 def metrics_client(settings: Settings, stores: Stores) -> Iterator[TestClient]:
-    app = create_app(settings, stores)
-    with TestClient(app) as client:
+    """A client that scrapes as Prometheus would, with the metrics token."""
+    app = create_app(settings.model_copy(update={"metrics_token": SecretStr(SCRAPE_TOKEN)}), stores)
+    with TestClient(app, headers={"Authorization": f"Bearer {SCRAPE_TOKEN}"}) as client:
         yield client
 
 

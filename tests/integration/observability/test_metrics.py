@@ -10,9 +10,13 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
+from app.api.main import create_app
 from app.cycles.repository import counts_by_state as cycles_by_state
 from app.db import Stores
+from app.projects import service as ops
+from app.settings import Settings
 from app.status import FORGE_ERRORS
+from tests.support import bearer
 
 
 def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -37,7 +41,7 @@ def finished(gpu_seconds: float, attempts: int = 1, state: str = "succeeded") ->
     }
 
 
-def test_metrics_needs_no_token_and_reports_jobs_and_queues(
+def test_metrics_reports_jobs_and_queues(
     metrics_client: TestClient, add_job: Callable[..., int]
 ) -> None:
     old = datetime.now(UTC) - timedelta(seconds=600)
@@ -156,3 +160,42 @@ def test_metrics_answers_503_when_the_ops_store_is_gone(
     assert response.status_code == 503
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"].endswith("/not-ready")
+
+
+def test_metrics_needs_a_token_unless_made_public(
+    settings: Settings, stores: Stores, metrics_client: TestClient
+) -> None:
+    """Issue 20, item 9: /metrics names worker hosts; the scraper's token or a reading API
+    token, unless AUTOPILOT_METRICS_AUTH=public."""
+    with stores.ops_session() as session:
+        _, reader = ops.create_token(session, "reader", ["review"])
+        _, worker = ops.create_token(session, "gpu-host", ["worker"])
+    with TestClient(create_app(settings, stores)) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=bearer("scrape-only-secret")).status_code == 401
+        assert client.get("/metrics", headers=bearer(reader)).status_code == 200
+        assert client.get("/metrics", headers=bearer(worker)).status_code == 403
+    assert metrics_client.get("/metrics").status_code == 200  # the scraper's own token
+    public = settings.model_copy(update={"metrics_auth": "public"})
+    with TestClient(create_app(public, stores)) as client:
+        assert client.get("/metrics").status_code == 200
+
+
+def test_requests_are_counted_by_route_and_the_process_is_described(
+    metrics_client: TestClient,
+) -> None:
+    metrics_client.get("/healthz")
+    metrics_client.get("/api/v1/cycles/12345")  # no token on this route: a 401, by template
+    s = scrape(metrics_client)
+    healthz = (("method", "GET"), ("route", "/healthz"), ("status", "200"))
+    assert s[("autopilot_http_requests_total", healthz)] >= 1
+    by_template = (("method", "GET"), ("route", "/api/v1/cycles/{cycle_id}"), ("status", "401"))
+    assert s[("autopilot_http_requests_total", by_template)] >= 1
+    assert not [k for k in s if "12345" in str(k)]  # never the raw path
+    latency = (
+        "autopilot_http_request_duration_seconds_count",
+        (("method", "GET"), ("route", "/healthz")),
+    )
+    assert s[latency] >= 1
+    assert s[("process_resident_memory_bytes", ())] > 0
+    assert any(name == "python_info" for name, _ in s)
