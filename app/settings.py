@@ -60,6 +60,16 @@ class Settings(BaseSettings):
         "each run in its own cgroup. `off` runs it unconfined: only for a machine that has "
         "neither, and every job records it.",
     )
+    trusted_proxies: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1"],
+        description="Addresses whose X-Forwarded-Proto/-For `autopilot serve` believes (uvicorn's "
+        "forwarded_allow_ips): the TLS proxy in front of the API, so its cookies are Secure.",
+    )
+    cookie_secure: Literal["auto", "always"] = Field(
+        default="auto",
+        description="auto: dashboard cookies are Secure when the request came over HTTPS (as a "
+        "trusted proxy says); always: whatever the request says.",
+    )
     metrics_auth: Literal["token", "public"] = Field(
         default="token",
         description="/metrics names worker hosts: `token` asks for AUTOPILOT_METRICS_TOKEN or any "

@@ -55,6 +55,8 @@ def serve(
         host=host or settings.host,
         port=port or settings.port,
         log_level=settings.log_level.lower(),
+        proxy_headers=True,
+        forwarded_allow_ips=settings.trusted_proxies,
     )
 
 

@@ -122,6 +122,7 @@ def login(stores: Stores, request: Request, response: Response, token_text: str)
         payload = {
             "tid": token.id,
             "tag": _token_tag(token),
+            "sid": ops.start_signin(session, token, SESSION_MAX_AGE_S),
             "csrf": csrf,
             "exp": int(time.time()) + SESSION_MAX_AGE_S,
         }
@@ -139,7 +140,13 @@ def login(stores: Stores, request: Request, response: Response, token_text: str)
     return viewer
 
 
-def logout(response: Response) -> None:
+def logout(stores: Stores, request: Request, response: Response) -> None:
+    """End the sign-in on the server (a copy of the cookie no longer works), then the cookie."""
+    payload = unsign(session_secret(request), request.cookies.get(SESSION_COOKIE) or "")
+    sid = payload.get("sid") if payload else None
+    if isinstance(sid, str):
+        with stores.ops_session() as session:
+            ops.end_signin(session, sid)
     response.delete_cookie(SESSION_COOKIE, path=PREFIX)
 
 
@@ -152,20 +159,28 @@ def current_viewer(stores: Stores, request: Request) -> Viewer | None:
     if payload is None or not isinstance(payload.get("exp"), int) or payload["exp"] < time.time():
         return None
     token_id, tag, csrf = payload.get("tid"), payload.get("tag"), payload.get("csrf")
-    if not isinstance(token_id, int) or not isinstance(tag, str) or not isinstance(csrf, str):
+    sid = payload.get("sid")
+    if not isinstance(token_id, int) or not all(isinstance(v, str) for v in (tag, csrf, sid)):
         return None
     with stores.ops_session() as session:
         token = ops.get_token(session, token_id)
         if (
             token is None
             or token.revoked_at is not None
-            or not hmac.compare_digest(_token_tag(token), tag)
+            or not hmac.compare_digest(_token_tag(token), str(tag))
+            or not ops.live_signin(session, str(sid), token_id)  # logout ends it on the server
         ):
             return None
-        return Viewer(token.name, tuple(token.scopes), csrf)
+        return Viewer(token.name, tuple(token.scopes), str(csrf))
 
 
 def is_https(request: Request) -> bool:
+    """Whether the browser reached us over HTTPS, so cookies are `Secure`: the request's own
+    scheme (uvicorn rewrites it from X-Forwarded-Proto only for AUTOPILOT_TRUSTED_PROXIES), or
+    always with AUTOPILOT_COOKIE_SECURE=always (a TLS proxy whose address is not fixed)."""
+    settings = getattr(request.app.state, "settings", None)
+    if settings is not None and settings.cookie_secure == "always":
+        return True
     return request.url.scheme == "https"
 
 

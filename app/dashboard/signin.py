@@ -66,12 +66,15 @@ def login(
 
 @router.post(PREFIX + "/logout")
 def logout(
-    request: Request, viewer: MaybeViewer, csrf_token: Annotated[str, Form(max_length=256)] = ""
+    request: Request,
+    viewer: MaybeViewer,
+    stores: StoresDep,
+    csrf_token: Annotated[str, Form(max_length=256)] = "",
 ) -> Response:
     if viewer is not None and (
         not auth.same_origin(request) or not auth.check_csrf(viewer, csrf_token)
     ):
         return error(request, viewer, 403, "Form expired", "Reload the page and sign out again.")
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
-    auth.logout(response)
+    auth.logout(stores, request, response)
     return response

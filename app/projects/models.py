@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.clock import utcnow
@@ -43,3 +43,18 @@ class ApiToken(OpsBase):
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SigninSession(OpsBase):
+    """A dashboard sign-in, server-side: the cookie names it (by the sha256 of its id), and
+    logout or the token's revocation ends it, whatever becomes of the cookie."""
+
+    __tablename__ = "signin_session"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the cookie's id
+    token_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("api_token.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

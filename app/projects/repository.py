@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.projects.models import ApiToken, Project
+from app.projects.models import ApiToken, Project, SigninSession
 
 
 def get_project(session: Session, name: str) -> Project | None:
@@ -54,3 +55,20 @@ def list_tokens(session: Session) -> Sequence[ApiToken]:
 def on_autopilot(session: Session) -> Sequence[Project]:
     """The projects whose schedule is switched on."""
     return session.scalars(select(Project).where(Project.autopilot_enabled.is_(True))).all()
+
+
+def add_signin(session: Session, row: SigninSession) -> None:
+    session.add(row)
+    session.flush()
+
+
+def get_signin(session: Session, digest: str) -> SigninSession | None:
+    return session.get(SigninSession, digest)
+
+
+def end_signins_of(session: Session, token_id: int, at: datetime) -> None:
+    session.execute(
+        update(SigninSession)
+        .where(SigninSession.token_id == token_id, SigninSession.ended_at.is_(None))
+        .values(ended_at=at)
+    )

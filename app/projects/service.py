@@ -6,15 +6,16 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
+from app.clock import aware, utcnow
 from app.errors import Forbidden, InvalidInput, Unauthorized
 from app.projects import repository
 from app.projects.exceptions import ProjectExists, ProjectNotFound, TokenExists, TokenNotFound
-from app.projects.models import ApiToken, Project
+from app.projects.models import ApiToken, Project, SigninSession
 from app.projects.schemas import SCOPES, WORKER_SCOPES, ProjectCreate, check_slug
 
 TOKEN_PREFIX = "ap_"  # noqa: S105 - a prefix, not a secret
@@ -112,8 +113,42 @@ def revoke_token(session: Session, name: str) -> ApiToken:
         raise TokenNotFound(f"no token named {name!r}")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
+        repository.end_signins_of(session, row.id, row.revoked_at)  # its dashboard sessions too
         session.flush()
     return row
+
+
+def start_signin(session: Session, token: ApiToken, lifetime_s: float) -> str:
+    """A dashboard sign-in for `token`: the id its cookie carries (only its sha256 is kept)."""
+    sid = secrets.token_urlsafe(32)
+    now = utcnow()
+    repository.add_signin(
+        session,
+        SigninSession(
+            id=_digest(sid),
+            token_id=token.id,
+            created_at=now,
+            expires_at=now + timedelta(seconds=lifetime_s),
+        ),
+    )
+    return sid
+
+
+def live_signin(session: Session, sid: str, token_id: int) -> bool:
+    """Whether the sign-in `sid` of `token_id` is still on: not ended, not expired."""
+    row = repository.get_signin(session, _digest(sid))
+    if row is None or row.token_id != token_id or row.ended_at is not None:
+        return False
+    expires = aware(row.expires_at)
+    return expires is not None and expires > utcnow()
+
+
+def end_signin(session: Session, sid: str) -> None:
+    """Logout: the sign-in ends on the server, whatever becomes of its cookie."""
+    row = repository.get_signin(session, _digest(sid))
+    if row is not None and row.ended_at is None:
+        row.ended_at = utcnow()
+        session.flush()
 
 
 def authenticate(session: Session, token: str | None) -> ApiToken:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from app.api.main import create_app
 from app.db import Stores
 from app.projects import service as ops
 from app.settings import Settings
@@ -134,12 +137,39 @@ def test_logout_needs_the_csrf_token_and_clears_the_session(
     client: TestClient, tokens: dict[str, str]
 ) -> None:
     csrf = login(client, tokens["review"])
+    copied = client.cookies.get("autopilot_session")
     refused = client.post("/dashboard/logout", data={"csrf_token": "forged"})
     assert refused.status_code == 403
     assert client.get("/dashboard/", follow_redirects=False).status_code == 200
     out = client.post("/dashboard/logout", data={"csrf_token": csrf}, follow_redirects=False)
     assert out.status_code == 303 and out.headers["location"] == "/dashboard/login"
     assert client.get("/dashboard/", follow_redirects=False).status_code == 303
+    # a copy of the old cookie no longer works: logout ended the sign-in on the server
+    (domain,) = {c.domain for c in client.cookies.jar} or {"testserver.local"}
+    client.cookies.set("autopilot_session", copied or "", domain=domain, path="/dashboard")
+    assert client.get("/dashboard/", follow_redirects=False).status_code == 303
+
+
+def test_cookies_are_secure_behind_a_trusted_tls_proxy_or_when_forced(
+    settings: Settings, stores: Stores
+) -> None:
+    """Issue 20, item 8: X-Forwarded-Proto is believed from AUTOPILOT_TRUSTED_PROXIES only
+    (uvicorn's proxy headers, as `autopilot serve` runs it), or AUTOPILOT_COOKIE_SECURE=always."""
+
+    def cookie_through_proxy(app: Any) -> str:
+        """The Set-Cookie of the sign-in page (its form's CSRF cookie), asked through a proxy
+        that says the browser used HTTPS."""
+        with TestClient(app) as client:
+            form = client.get("/dashboard/login", headers={"X-Forwarded-Proto": "https"})
+            assert form.status_code == 200
+            return str(form.headers.get("set-cookie", ""))
+
+    trusted = ProxyHeadersMiddleware(create_app(settings, stores), trusted_hosts=["testclient"])
+    assert "secure" in cookie_through_proxy(trusted).lower()
+    untrusted = ProxyHeadersMiddleware(create_app(settings, stores), trusted_hosts=["10.9.9.9"])
+    assert "secure" not in cookie_through_proxy(untrusted).lower()
+    forced = settings.model_copy(update={"cookie_secure": "always"})
+    assert "secure" in cookie_through_proxy(create_app(forced, stores)).lower()
 
 
 def test_generated_session_secret_is_persisted_owner_only(
