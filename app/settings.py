@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         description="auto: dashboard cookies are Secure when the request came over HTTPS (as a "
         "trusted proxy says); always: whatever the request says.",
     )
+    max_streams_per_token: int = Field(
+        default=8,
+        ge=1,
+        description="Open server-sent-event streams (live dashboard pages, followed job logs) "
+        "per token in one API process; one more is refused with 429.",
+    )
     metrics_auth: Literal["token", "public"] = Field(
         default="token",
         description="/metrics names worker hosts: `token` asks for AUTOPILOT_METRICS_TOKEN or any "

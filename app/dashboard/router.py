@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response
 
-from app.api.deps import StoresDep
+from app.api import streams
+from app.api.deps import SettingsDep, StoresDep
 from app.dashboard import findings, live, operations, review, signin
 from app.dashboard.pages import HERE, PREFIX, MaybeViewer
 
@@ -53,6 +54,7 @@ def live_stream(
     request: Request,
     viewer: MaybeViewer,
     stores: StoresDep,
+    settings: SettingsDep,
     topic: str,
     since: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
@@ -65,11 +67,14 @@ def live_stream(
             f"no live topic {topic!r}; one of {known}", status_code=404, media_type="text/plain"
         )
     last = request.headers.get("last-event-id", "")[:64] or since
-    return StreamingResponse(
-        live.stream(stores, topic, last, request.is_disconnected),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    try:
+        return streams.event_stream(
+            live.stream(stores, topic, last, request.is_disconnected),
+            owner=viewer.name,
+            limit=settings.max_streams_per_token,
+        )
+    except streams.TooManyStreams as exc:
+        return Response(exc.detail, status_code=429, media_type="text/plain")
 
 
 for pages in (signin, review, operations, findings):

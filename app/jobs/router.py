@@ -9,7 +9,9 @@ from typing import Annotated, Literal
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from sse_starlette import EventSourceResponse
 
+from app.api import streams
 from app.api.deps import (
     MAX_OFFSET,
     AnyToken,
@@ -88,17 +90,21 @@ def cancel_job(job_id: RowId, session: OpsSession, token: TriggerToken) -> JobOu
 @router.get(LOG_ROUTE, response_model=None)
 def job_log(
     job_id: RowId,
-    _: AnyToken,
+    token: AnyToken,
     stores: StoresDep,
     settings: SettingsDep,
     follow: bool = False,
-) -> PlainTextResponse | StreamingResponse:
+) -> PlainTextResponse | StreamingResponse | EventSourceResponse:
     """The whole log once uploaded (else the tail the DB keeps while the job runs on a GPU host);
     with `?follow=1`, a server-sent-events stream until the job ends."""
     if follow:
         with stores.ops_session() as session:
             jobs.get(session, job_id)  # an unknown job is a 404, not an empty stream
-        return StreamingResponse(_follow(stores, settings, job_id), media_type="text/event-stream")
+        return streams.event_stream(
+            _follow(stores, settings, job_id),
+            owner=token.name,
+            limit=settings.max_streams_per_token,
+        )
     with stores.ops_session() as session:
         job = jobs.get(session, job_id)
         path, tail = logs.stored_log(settings, job), job.log_tail
