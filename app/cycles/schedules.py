@@ -75,7 +75,7 @@ def next_fire(rule: crontab, after: datetime) -> datetime:
     that restricts both the day of the month and the day of the week needs both to match."""
     t = (after.astimezone(UTC) + timedelta(minutes=1)).replace(second=0, microsecond=0)
     hours, minutes = sorted(rule.hour), sorted(rule.minute)
-    for _ in range(366 * 8):  # a rule such as Feb 29 on a Monday matches within 28 years
+    for _ in range(366 * 29):  # a rule such as Feb 29 on a Monday matches within 28 years
         if (
             t.month in rule.month_of_year
             and t.day in rule.day_of_month
@@ -96,7 +96,9 @@ def set_autopilot(session: Session, name: str, enabled: bool, schedule: str | No
     """Start or stop a project's schedule; starting needs a schedule (given or stored)."""
     project = projects.get_project(session, name)
     if schedule is not None:
-        parse(schedule)
+        rule = parse(schedule)
+        if not isinstance(rule, timedelta):
+            next_fire(rule, utcnow())  # InvalidInput for a rule that never fires
         project.schedule = schedule
     if enabled and not project.schedule:
         raise InvalidInput("schedule: give one to start the autopilot, e.g. 'every 2h'")
@@ -111,7 +113,14 @@ def schedule_tick(session: Session, settings: Settings) -> list[int]:
     now = utcnow()
     ring: list[int] = []
     for project in projects.on_autopilot(session):
-        if not project.schedule or not is_due(project.schedule, project.last_scheduled_at, now):
+        try:
+            due = bool(project.schedule) and is_due(
+                str(project.schedule), project.last_scheduled_at, now
+            )
+        except InvalidInput as exc:  # one project's bad rule stops no other project's
+            log.warning("schedule of %s skipped: %s", project.name, exc.detail)
+            continue
+        if not due:
             continue
         project.last_scheduled_at = now
         try:

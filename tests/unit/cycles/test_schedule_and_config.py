@@ -71,6 +71,15 @@ def test_schedules_fire_as_declared_over_a_simulated_clock(
         assert fired[0].weekday() == 0 and (fired[0].hour, fired[0].minute) == (9, 30)
 
 
+def test_a_rare_rule_is_found_and_one_that_never_fires_is_refused() -> None:
+    start = datetime(2026, 12, 4, tzinfo=UTC)
+    assert schedule.next_fire(schedule.parse("0 0 29 2 1"), start) == datetime(
+        2044, 2, 29, tzinfo=UTC
+    )  # Feb 29 on a Monday
+    with pytest.raises(InvalidInput, match="never occurs"):
+        schedule.parse("0 0 31 2 *")  # Feb 31
+
+
 def test_a_cron_expression_reads_its_fields_in_crons_order() -> None:
     rule = schedule.parse("30 9 1 2 3")
     assert (rule.minute, rule.hour, rule.day_of_month) == ({30}, {9}, {1})
