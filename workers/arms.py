@@ -18,7 +18,6 @@ The control plane judges the values (`app/cycles/judge_command.py`); the code ne
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -185,6 +184,8 @@ class Arms:
     #: A harness experiment's job spec: both arms run its entry module with it.
     spec: Mapping[str, Any] | None = None
     argvs: dict[str, list[str]] = field(init=False)
+    spent_s: float = field(default=0.0, init=False)  # every run's time so far
+    variants: set[str] = field(default_factory=set, init=False)  # a harness entry's headline
 
     @property
     def harness(self) -> bool:
@@ -202,7 +203,8 @@ class Arms:
 
     def run(self, plan: Sequence[command_kind.Run]) -> list[dict[str, Any]]:
         """Every run's record, in order; RunFailed names the first run that gave no value.
-        Stops early (fewer records) when `cancelled()` says so."""
+        Stops early (fewer records) when `cancelled()` says so. `spent_s` counts every run's
+        time, a failed one's too (it is GPU time all the same)."""
         records = []
         for run in plan:
             if self.cancelled():
@@ -218,8 +220,12 @@ class Arms:
         label = f"run {run.index + 1}/{total} ({run.role}, {shlex.join(argv)})"
         metric_file = place.tree / experiment.metric_file if experiment.metric_file else None
         if metric_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                metric_file.unlink()  # only this run's file may be read after it
+            try:  # only this run's file may be read after it (a plain name: see config)
+                metric_file.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise RunFailed(f"{label}: metric_file cannot be cleared: {exc.strerror}") from None
         outcome = run_in_arm(
             self.settings,
             self.job_id,
@@ -230,6 +236,7 @@ class Arms:
             on_spawn=self.on_spawn,
             spec=self.spec,
         )
+        self.spent_s += outcome.duration_s
         name = f"{run.index:03d}-{run.arm}.log"
         write_log(paths.runs_dir(self.settings, self.job_id) / name, argv, outcome)
         problem = failure(outcome, experiment.time_limit_s)
@@ -268,7 +275,14 @@ class Arms:
     ) -> tuple[float, float | None]:
         experiment = self.experiment
         if self.harness:
-            return _headline_times(outcome.result)
+            value, in_process, variant = _headline_times(outcome.result)
+            self.variants.add(variant)
+            if len(self.variants) > 1:
+                raise command_kind.CommandError(
+                    f"the entry's headline variant differs between runs ({sorted(self.variants)}):"
+                    " head against base compares one variant at both commits; keep its name"
+                )
+            return value, in_process
         texts = (outcome.stdout, outcome.stderr)
         if metric_file is not None:
             value = command_kind.read_json_key(
@@ -334,9 +348,10 @@ def by_role(records: Sequence[Mapping[str, Any]], role: str, key: str = "value")
     return [r[key] for r in rows]
 
 
-def _headline_times(result: Any) -> tuple[float, float]:
+def _headline_times(result: Any) -> tuple[float, float, str]:
     """A harness run's value: the median time of its headline variant (comparisons[0], paired
-    samples b_ns), and as its check the median time of the in-process baseline (a_ns)."""
+    samples b_ns), as its check the median time of the in-process baseline (a_ns), and the
+    variant's name."""
     comparisons = result.get("comparisons") if isinstance(result, dict) else None
     if not isinstance(result, dict) or result.get("status") != "ok":
         error = result.get("error") if isinstance(result, dict) else None
@@ -346,7 +361,8 @@ def _headline_times(result: Any) -> tuple[float, float]:
     try:
         a = [float(v) for v in samples["a_ns"]]  # type: ignore[index]
         b = [float(v) for v in samples["b_ns"]]  # type: ignore[index]
-        return float(statistics.median(b)), float(statistics.median(a))
+        variant = str(first.get("variant"))  # type: ignore[union-attr]
+        return float(statistics.median(b)), float(statistics.median(a)), variant
     except (TypeError, KeyError, ValueError, statistics.StatisticsError):
         raise command_kind.CommandError(
             "the entry's result has no comparisons[0].samples (a_ns, b_ns) to time it by"

@@ -17,8 +17,11 @@ result holds every run's value; the control plane judges it (`app/cycles/judge_c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,7 +112,9 @@ def prepare_arms(
     if experiment.setup:
         argv = command_kind.render(experiment.setup, {}, device)
         for name, place in arms.items():
-            outcome = run_in_arm(settings, job_id, experiment, place, argv, device_env=None)
+            # Off the GPU: CUDA_VISIBLE_DEVICES="" hides every GPU from it (it runs while the
+            # GPUs of this host run other jobs).
+            outcome = run_in_arm(settings, job_id, experiment, place, argv, device_env="")
             log = paths.job_dir(settings, job_id) / f"setup-{name}.log"
             write_log(log, argv, outcome)
             problem = failure(outcome, experiment.time_limit_s)
@@ -161,21 +166,28 @@ def _run_logged(
     header: list[str],
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run `plan` under the job's heartbeat, one line a run in the job log after `header`:
-    the runs' records, and the error of the run that gave no value (None if none failed)."""
+    the runs' records, and why the job failed (None if it did not). Whatever goes wrong is an
+    outcome to store, never an exception: raising would leave the lease to lapse and the job
+    to be retried blind, its cause lost."""
     records: list[dict[str, Any]] = []
     error: str | None = None
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log_file:
-        arms.log = log_file
-        log_file.write("".join(f"{line}\n" for line in header))
-        log_file.flush()
-        beat.start()
-        try:
-            records = arms.run(plan)
-        except RunFailed as exc:
-            error = str(exc)
-        finally:
-            beat.stop()
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log_file:
+            arms.log = log_file
+            log_file.write("".join(f"{line}\n" for line in header))
+            log_file.flush()
+            beat.start()
+            try:
+                records = arms.run(plan)
+            finally:
+                beat.stop()
+    except RunFailed as exc:
+        error = str(exc)
+    except jobs.LeaseLost as exc:
+        error = f"the lease was lost: {exc}"
+    except OSError as exc:
+        error = f"cannot write the job's files in {log_path.parent}: {exc.strerror or exc}"
     return records, error
 
 
@@ -200,6 +212,9 @@ def run_command_job(
         """Each run's group is the one a cancel kills; the first run starts the job."""
         nonlocal started
         beat.pgid, beat.spawned_at = pgid, time.time()
+        if beat.cancelled:  # asked between two runs: this one goes at once
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
         if started:
             return
         started = True
@@ -233,8 +248,8 @@ def run_command_job(
     if settings.sandbox != "on":
         header.insert(0, confine.UNCONFINED_LOG_LINE)
     records, error = _run_logged(arms, plan, log_path, beat, header)
-    gpu_seconds = sum(float(r["duration_s"]) for r in records)
-    outcome = jobs.JobOutcome(state="failed", log_path=str(log_path), gpu_seconds=gpu_seconds)
+    # every run's time, a failed one's too: the budgets count GPU time, not verdicts
+    outcome = jobs.JobOutcome(state="failed", log_path=str(log_path), gpu_seconds=arms.spent_s)
     if beat.cancelled:
         outcome.state, outcome.error = "cancelled", "cancelled while running; its runs stopped"
     elif error is not None:
@@ -247,9 +262,12 @@ def run_command_job(
             host=me.host,
         )
         saved = paths.job_dir(settings, ticket.job_id) / "result.json"
-        saved.write_text(json.dumps(result, indent=2))
-        outcome.state, outcome.exit_code = "succeeded", 0
-        outcome.result, outcome.result_path = result, str(saved)
+        outcome.state, outcome.exit_code, outcome.result = "succeeded", 0, result
+        try:  # the DB holds the result; the file is the host's copy
+            saved.write_text(json.dumps(result, indent=2))
+            outcome.result_path = str(saved)
+        except OSError:
+            outcome.result_path = None
     return outcome
 
 
@@ -289,7 +307,7 @@ def head_vs_base(
         f"{arms.places['candidate'].commit}: {len(plan)} runs"
     ]
     records, error = _run_logged(arms, plan, log_path, beat, header)
-    outcome.gpu_seconds += sum(float(r["duration_s"]) for r in records)
+    outcome.gpu_seconds += arms.spent_s
     if beat.cancelled:
         outcome.state, outcome.error = "cancelled", "cancelled while running; its runs stopped"
         return outcome

@@ -14,7 +14,8 @@ Distance counts steps along each parameter's declared list of values (each param
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 WINS = ("faster", "better")
@@ -54,14 +55,19 @@ def _outcome(point: Mapping[str, Any]) -> str | None:
     return None  # inconclusive: says nothing about the region
 
 
+#: The most points the informed order ranks; beyond, the rest follow in the grid's order.
+MAX_RANKED = 100_000
+
+
 def order(
     experiment: str,
     space: Mapping[str, Sequence[Any]],
     points: Iterable[dict[str, Any]],
     judged: Iterable[Mapping[str, Any]],
-) -> list[dict[str, Any]]:
+) -> Iterator[dict[str, Any]]:
     """`points` (full parameter dicts of `experiment`) in the informed order; stable, so ties
-    keep the grid's order."""
+    keep the grid's order. A space larger than MAX_RANKED has its first MAX_RANKED points
+    ranked and the rest after them, so memory stays bounded."""
     marks = [
         (_outcome(j), dict(j.get("parameters") or {}))
         for j in judged
@@ -77,4 +83,6 @@ def order(
             return (0, near)
         return (2, -near)  # inside a refuted region: the farthest from the loss comes first
 
-    return sorted(points, key=key)
+    walk = iter(points)
+    yield from sorted(itertools.islice(walk, MAX_RANKED), key=key)
+    yield from walk

@@ -163,7 +163,7 @@ def proposal_json(message: str | None) -> dict[str, Any]:
     for block in reversed(_FENCE.findall(message)):
         try:
             parsed = json.loads(block)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if isinstance(parsed, dict):
             return dict(parsed)
@@ -182,7 +182,7 @@ def _objects(text: str) -> Iterator[dict[str, Any]]:
     while at != -1:
         try:
             data, end = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             at = text.find("{", at + 1)
             continue
         if isinstance(data, dict):
@@ -206,7 +206,7 @@ def _events(log: Path, offset: int) -> Iterator[dict[str, Any]]:
             continue
         try:
             event = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             continue
         if isinstance(event, dict):
             yield event

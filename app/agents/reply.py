@@ -35,7 +35,7 @@ def first_object(content: str) -> dict[str, Any]:
         raise Refused("the reply is empty; send the proposal as one JSON object")
     try:
         whole = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # nesting past the parser's depth
         whole, error = None, exc
     else:
         if isinstance(whole, dict):
@@ -47,7 +47,7 @@ def first_object(content: str) -> dict[str, Any]:
         while start != -1:
             try:
                 found, _ = decoder.raw_decode(block, start)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 found = None
             if isinstance(found, dict):
                 return found

@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,7 +84,9 @@ class SweepAgent:
 
     def propose(self, context: Context) -> Proposal | None:
         for experiment_name, experiment in context.config.experiments.items():
-            grid = [{**experiment.defaults, **p} for p in points(experiment.parameters)]
+            grid: Iterable[dict[str, Any]] = (
+                {**experiment.defaults, **p} for p in points(experiment.parameters)
+            )  # lazily: the first uncovered point ends the walk
             if context.config.agent.order == "informed":
                 grid = informed.order(experiment_name, experiment.parameters, grid, context.judged)
             for params in grid:
@@ -162,9 +164,23 @@ class CommandAgent:
     #: What the project asks to pass from the worker's environment, and the operator's
     #: allow-list of it (Settings.agent_env_passthrough).
     env_passthrough: list[str] = field(default_factory=list)
+    #: The tokens the coding-agent CLI reported for its last run (None: it reported none).
+    tokens: int | None = field(default=None, init=False)
     env_allowed: list[str] = field(default_factory=list)
 
     def propose(self, context: Context) -> Proposal | None:
+        passed = self._passthrough()
+        try:
+            return self._propose(context, passed)
+        except AgentFailed as exc:
+            # Its messages quote the agent's own output: never with a passed-through key in it.
+            detail = exc.detail
+            for value in passed.values():
+                if len(value) >= 4:
+                    detail = detail.replace(value, "***")
+            raise AgentFailed(detail) from None
+
+    def _propose(self, context: Context, passed: dict[str, str]) -> Proposal | None:
         files = self.workspace.files
         prompt, ctx = files / "prompt.md", files / "context.json"
         out = self.workspace.output_log
@@ -174,7 +190,6 @@ class CommandAgent:
             argv = presets.argv(self.preset, self.argv, max_turns=self.max_turns, files=files)
         if not argv:
             raise AgentFailed("agent.command is empty in autopilot.toml; give an argv list")
-        passed = self._passthrough()
         proposal_path.unlink(missing_ok=True)
         text = _prompt(context)
         if self.preset:
@@ -211,6 +226,8 @@ class CommandAgent:
         except OSError as exc:
             raise AgentFailed(f"agent command {argv[0]!r} cannot start: {exc}") from None
         ran = presets.outcome(self.preset, out, offset, files) if self.preset else None
+        if ran is not None:
+            self.tokens = ran.tokens  # kept with the cycle even when the agent fails
         if code != 0:
             why = f" ({ran.failure})" if ran and ran.failure else ""
             raise AgentFailed(f"agent command exited with {code}{why}; its output is in {out}")
@@ -252,7 +269,7 @@ def parse_proposal(path: Path) -> Proposal:
     raw = data.decode("utf-8", errors="replace")
     try:
         parsed = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # nesting past the parser's depth
         raise AgentFailed(f"proposal.json is not valid JSON: {exc}") from None
     return proposal_from(parsed, "proposal.json")
 

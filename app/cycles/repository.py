@@ -80,10 +80,15 @@ def _filtered(query: Select[Any], project_id: int | None, state: str | None) -> 
 
 
 def tokens_since(session: Session, project_id: int, since: datetime) -> int:
-    """The agent tokens the project's cycles created since `since` have used."""
+    """The agent tokens of the project's cycles touched since `since` (an upper bound of what
+    its agents spent in that time: tokens are spent when a cycle is planned)."""
     total = session.scalar(
         select(func.coalesce(func.sum(Cycle.agent_tokens), 0)).where(
-            Cycle.project_id == project_id, Cycle.created_at >= since
+            # updated since: a cycle planned later than it was created (resumed after a budget
+            # deferral) is counted too; one touched later than its planning is counted anyway,
+            # which errs on the side of the budget
+            Cycle.project_id == project_id,
+            Cycle.updated_at >= since,
         )
     )
     return int(total or 0)

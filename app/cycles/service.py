@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.agents import service as agents
@@ -108,7 +109,25 @@ def create(
         parameters=trigger.parameters,
         changed_hypothesis=trigger.changed_hypothesis,
     )
-    repository.add(session, cycle)
+    try:
+        with session.begin_nested():
+            repository.add(session, cycle)
+    except IntegrityError:
+        # The same key in flight twice (a client retrying before its first answer): the first
+        # insert won; this one answers with its cycle, or 422 if the bodies differ.
+        won = (
+            repository.by_idempotency_key(session, trigger.idempotency_key)
+            if trigger.idempotency_key
+            else None
+        )
+        if won is None:
+            raise
+        if won.idempotency_request not in (None, trigger.request_hash):
+            raise IdempotencyKeyReused(
+                f"this Idempotency-Key is being used for cycle {won.id} with another request "
+                "body; send the same body to get that cycle, or use a new key"
+            ) from None
+        return won, False
     return cycle, True
 
 

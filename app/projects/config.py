@@ -22,6 +22,7 @@ from app.settings import redact_text
 CONFIG_FILE = "autopilot.toml"
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 # A PEP 508 requirement by name: `name[extras] <specifiers> ; <marker>` or `name @ <url>`.
 _REQUIREMENT = re.compile(
     r"""^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)
@@ -107,8 +108,11 @@ class Experiment(BaseModel):
     @field_validator("metric_file")
     @classmethod
     def _metric_file(cls, value: str | None) -> str | None:
-        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
-            raise ValueError(f"{value!r} must be a path relative to the run's working directory")
+        if value is not None and (not _FILE_NAME.fullmatch(value) or value in (".", "..")):
+            raise ValueError(
+                f"{value!r} must be a file name in the run's working directory, no folder: the "
+                "runner reads it from outside the sandbox without following links"
+            )
         return value
 
     @model_validator(mode="after")

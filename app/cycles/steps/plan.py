@@ -68,7 +68,7 @@ class Plan(Step):
             agent = self._agent(cycle_id, agent_name, config)
             try:
                 found = agent.propose(context)
-            except agents.AgentFailed:
+            except Exception:
                 self._keep_exchange(cycle_id, agent)  # why it failed, for the reviewer
                 raise
             if found is None:
