@@ -14,6 +14,7 @@ import typer
 
 from app.cli.common import echo_json, exit_on_domain_error, fail, open_stores
 from app.errors import AutopilotError
+from app.memory import export as memory_export
 from app.memory import service
 from app.memory.exchange import MAX_IMPORT_BYTES
 from app.memory.schemas import ExportFormat, FindingOut, ImportFormat, ImportStatus, Kind
@@ -76,7 +77,7 @@ def export_cmd(
     stores = open_stores()
     try:
         with stores.memory_session() as session:
-            body = service.export(session, format)
+            body = memory_export.export(session, format)
     finally:
         stores.dispose()
     if out is None:

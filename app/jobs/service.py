@@ -41,6 +41,10 @@ class JobFinished(Conflict):
     title = "Job already finished"
 
 
+class TooManyJobs(AutopilotError):
+    status, slug, title = 429, "too-many-jobs", "Too many unfinished jobs"
+
+
 class LeaseLost(Exception):
     """This worker no longer holds the job's lease (it expired and the job moved on)."""
 
@@ -147,12 +151,6 @@ def command_spec(declared: Experiment) -> dict[str, Any]:
         "time_metric": declared.time_metric,
         "check": check,
     }
-
-
-class TooManyJobs(AutopilotError):
-    status = 429
-    slug = "too-many-jobs"
-    title = "Too many unfinished jobs"
 
 
 def get(session: Session, job_id: int) -> Job:

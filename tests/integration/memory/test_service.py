@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 import app.memory
 from app.db import Stores
 from app.errors import InvalidInput
+from app.memory import export as memory_export
 from app.memory import service
 from app.memory.exceptions import FindingExists, IllegalTransition, InvalidImport
 from app.memory.models import Finding, FindingEvent, MemoryBase
@@ -141,7 +142,7 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
             "reviewer",
             "re-measured",
         )
-        first = service.export(session, "jsonl")
+        first = memory_export.export(session, "jsonl")
     with stores.memory_session() as session:
         session.execute(delete(FindingEvent))
         session.execute(delete(Finding).where(Finding.supersedes.is_not(None)))
@@ -150,7 +151,7 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
         report = service.import_file(session, first.encode())
         assert (report.format, report.imported, report.duplicates) == ("jsonl", 12, 0)
     with stores.memory_session() as session:
-        assert service.export(session, "jsonl") == first
+        assert memory_export.export(session, "jsonl") == first
         again = service.import_file(session, first.encode())
         assert (again.imported, again.duplicates) == (0, 12)
     lines = [json.loads(line) for line in first.splitlines()]
@@ -162,7 +163,7 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
 def test_markdown_export_groups_and_imports_back(stores: Stores, sample_bytes: bytes) -> None:
     with stores.memory_session() as session:
         service.import_file(session, sample_bytes)
-        text = service.export(session, "markdown")
+        text = memory_export.export(session, "markdown")
     assert text.index("## Project: attention-kernel-lab") < text.index("## Project: quant-serving")
     assert text.index("## Project: quant-serving") < text.index("## General (no project)")
     assert text.count("### lesson") == 3
