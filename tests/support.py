@@ -124,3 +124,21 @@ def living_with(token: str) -> list[int]:
         if alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def committed_repo(root: Path, name: str, files: dict[str, str], message: str) -> Path:
+    """A git repository `root/name` on branch main holding `files` (path -> text, dedented) in
+    one commit: a research repository as a lab has it."""
+    import textwrap
+
+    import git
+
+    repo_dir = root / name
+    for path, text in files.items():
+        (repo_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo_dir / path).write_text(textwrap.dedent(text))
+    repo = git.Repo.init(repo_dir, initial_branch="main")
+    repo.index.add(list(files))
+    actor = git.Actor("t", "t@example.invalid")
+    repo.index.commit(message, author=actor, committer=actor)
+    return repo_dir

@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from app.jobs.models import Job
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers
-from tests.support import bearer, wait_for
+from tests.support import bearer, committed_repo, wait_for
 
 TINY_TRAIN = Path(__file__).resolve().parents[3] / "experiments" / "projects" / "tiny_train"
 
@@ -103,24 +102,16 @@ def queue_sandbox() -> str:
 
 
 def script_repo(root: Path, name: str, *, agent: bool = False) -> Path:
-    repo_dir = root / name
-    repo_dir.mkdir(parents=True)
-    (repo_dir / "bench.py").write_text(textwrap.dedent(SCRIPT))
-    files = ["bench.py", "autopilot.toml"]
+    files = {"bench.py": SCRIPT}
     agent_section = ""
     if agent:
-        (repo_dir / "agent.py").write_text(textwrap.dedent(AGENT))
-        files.append("agent.py")
+        files["agent.py"] = AGENT
         agent_section = (
             f'[agent]\nkind = "command"\ncommand = ["{sys.executable}", "agent.py"]\n'
             "time_limit_s = 60\n"
         )
-    (repo_dir / "autopilot.toml").write_text(CONFIG.format(name=name, agent=agent_section))
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add(files)
-    actor = git.Actor("t", "t@example.invalid")
-    repo.index.commit("a benchmark script", author=actor, committer=actor)
-    return repo_dir
+    files["autopilot.toml"] = CONFIG.format(name=name, agent=agent_section)
+    return committed_repo(root, name, files, "a benchmark script")
 
 
 def run_cycle(workers: Workers, stores: Stores, repo: Path, body: dict[str, Any]) -> dict[str, Any]:

@@ -9,22 +9,16 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
-import git
 import pytest
-from fastapi.testclient import TestClient
 
-from app.api.main import create_app
 from app.db import Stores
 from app.jobs.models import Job
-from app.projects import service as ops
-from app.projects.schemas import ProjectCreate
-from tests.integration.cycles.test_command_cycle import committed
+from tests.integration.cycles.test_command_cycle import committed, run_cycle
 from tests.integration.queue.conftest import Workers
-from tests.support import bearer, wait_for
+from tests.support import committed_repo
 
 CONFIG = """
 [project]
@@ -104,8 +98,6 @@ def queue_sandbox() -> str:
 
 
 def timing_repo(root: Path, name: str) -> Path:
-    repo_dir = root / name
-    (repo_dir / "timing").mkdir(parents=True)
     files = {
         "timing/__init__.py": "",
         "timing/main.py": MAIN,
@@ -113,13 +105,7 @@ def timing_repo(root: Path, name: str) -> Path:
         "agent.py": AGENT,
         "autopilot.toml": CONFIG.format(name=name, python=sys.executable),
     }
-    for path, text in files.items():
-        (repo_dir / path).write_text(textwrap.dedent(text))
-    repo = git.Repo.init(repo_dir, initial_branch="main")
-    repo.index.add(list(files))
-    actor = git.Actor("t", "t@example.invalid")
-    repo.index.commit("a timed kernel", author=actor, committer=actor)
-    return repo_dir
+    return committed_repo(root, name, files, "a timed kernel")
 
 
 def test_a_slowed_baseline_is_not_a_faster_variant_head_against_base(
@@ -129,22 +115,8 @@ def test_a_slowed_baseline_is_not_a_faster_variant_head_against_base(
         pytest.skip("one backend is enough: the judgement does not depend on the stores")
     name = "head-vs-base"
     repo = timing_repo(tmp_path, name)
-    with stores.ops_session() as session:
-        ops.create_project(session, ProjectCreate(name=name, repo_url=str(repo)))
-        _, token = ops.create_token(session, "ci", ["trigger"])
-    workers.start("control", "control")
-    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
-    with TestClient(create_app(workers.settings, stores)) as client:
-        cycle_id = client.post(
-            "/api/v1/cycles", json={"project": name}, headers=bearer(token)
-        ).json()["id"]
-
-        def ended() -> dict[str, Any] | None:
-            got = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
-            return got if got["state"] in ("awaiting_review", "failed") else None
-
-        cycle: dict[str, Any] = wait_for(ended, timeout=300)
-    assert cycle["state"] == "awaiting_review", (cycle, workers.logs())
+    cycle = run_cycle(workers, stores, repo, {"project": name})
+    cycle_id = cycle["id"]
     head = cycle["headline"]
     # In process, `fast` now beats a baseline made three times slower...
     assert head["in_process"]["verdict"] == "faster", head
