@@ -48,6 +48,11 @@ class Settings(BaseSettings):
         description="The API's base URL as other hosts reach it (GPU hosts fetch the local "
         "forge from <control_url>/git/<project>.git); default: http://<host>:<port>.",
     )
+    dashboard_url: str = Field(
+        default="",
+        description="The dashboard's base URL as reviewers reach it: pull request bodies link "
+        "to a cycle's page and its findings there; default: <control_url>/dashboard.",
+    )
     control_token: SecretStr | None = Field(
         default=None, description="A GPU host's token (scope worker) for the control host's API."
     )
@@ -166,15 +171,12 @@ class Settings(BaseSettings):
     @field_validator("control_url")
     @classmethod
     def _control_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if not value:
-            return value  # filled in from host and port below
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("expected the API's base URL, e.g. http://control.lab:8000")
-        if parts.username or parts.password:
-            raise ValueError("must not hold credentials; the token is AUTOPILOT_CONTROL_TOKEN")
-        return value
+        return _base_url(value, "the API's base URL, e.g. http://control.lab:8000")
+
+    @field_validator("dashboard_url")
+    @classmethod
+    def _dashboard_url(cls, value: str) -> str:
+        return _base_url(value, "the dashboard's base URL, e.g. https://autopilot.lab/dashboard")
 
     @model_validator(mode="after")
     def _default_control_url(self) -> Settings:
@@ -183,6 +185,8 @@ class Settings(BaseSettings):
             host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
             host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
             self.control_url = f"http://{host}:{self.port}"
+        if not self.dashboard_url:
+            self.dashboard_url = f"{self.control_url}/dashboard"
         return self
 
     @field_validator("memory_url", "ops_url")
@@ -242,6 +246,23 @@ class Settings(BaseSettings):
         shown["memory_url"] = redact_url(self.memory_database_url)
         shown["ops_url"] = redact_url(self.ops_database_url)
         return shown
+
+
+def _base_url(value: str, expected: str) -> str:
+    """An http(s) base URL without a trailing '/' or credentials ('' is left to a default):
+    these URLs are shown to people and put in pull requests."""
+    value = value.strip().rstrip("/")
+    if not value:
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected {expected}")
+    if parts.username or parts.password:
+        raise ValueError(
+            "must not hold credentials (tokens have settings of their own, e.g. "
+            "AUTOPILOT_CONTROL_TOKEN)"
+        )
+    return value
 
 
 # `scheme://userinfo@`: the userinfo runs to the authority's last '@' (a password may hold an
