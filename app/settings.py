@@ -185,8 +185,6 @@ class Settings(BaseSettings):
             host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
             host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
             self.control_url = f"http://{host}:{self.port}"
-        if not self.dashboard_url:
-            self.dashboard_url = f"{self.control_url}/dashboard"
         return self
 
     @field_validator("memory_url", "ops_url")
@@ -225,6 +223,12 @@ class Settings(BaseSettings):
     @property
     def ops_database_url(self) -> str:
         return self.ops_url or f"sqlite:///{self.state_dir.absolute() / 'ops.db'}"
+
+    @property
+    def dashboard_base_url(self) -> str:
+        """The dashboard as reviewers reach it: `dashboard_url`, else the API's `/dashboard`
+        (worked out on each read, so a copy with another control URL follows it)."""
+        return self.dashboard_url or f"{self.control_url}/dashboard"
 
     @property
     def broker_dir(self) -> Path:

@@ -202,7 +202,7 @@ def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str)
         page.pr_body_html = evidence.render_markdown(
             page.pull_request.body,
             plot_url=plot_url if page.has_plot else None,
-            plot_link=f"{settings.dashboard_url}/cycles/{cycle.id}/plot.svg",
+            plot_link=f"{settings.dashboard_base_url}/cycles/{cycle.id}/plot.svg",
         )
     result = evidence.result_json(evidence.report_file(settings, stores, cycle, ref, "result.json"))
     if not result and page.job is not None and isinstance(page.job.result, dict):

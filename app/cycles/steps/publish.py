@@ -29,7 +29,7 @@ class Publish(Step):
         branch = self.branch(cycle, ref, forge)
         result = self.judged(cycle_id)
         try:
-            where = links(cycle, ref, forge, self.settings.dashboard_url)
+            where = links(cycle, ref, forge, self.settings.dashboard_base_url)
             pr = forge_service.publish(
                 self.git(),
                 forge,

@@ -271,8 +271,8 @@ def test_local_pr_page_shows_the_pull_request_body_as_github_would(
         session.expunge(cycle)
     forge = LocalForge(settings, stores)
     _, result = harness_cycle()
-    where = links(cycle, made.project, forge, settings.dashboard_url)
-    assert where.plot == f"{settings.dashboard_url}/cycles/{made.cycle_id}/plot.svg"
+    where = links(cycle, made.project, forge, settings.dashboard_base_url)
+    assert where.plot == f"{settings.dashboard_base_url}/cycles/{made.cycle_id}/plot.svg"
     subprocess.run(
         ["git", "-C", str(made.repo), "push", "-q", forge.remote_url(made.project), cycle.branch],
         check=True,
