@@ -163,7 +163,7 @@ def _sections(
         "",
         f"Review and decide on the [dashboard]({where.dashboard}) · "
         f"[the findings it proposes]({where.findings}) · "
-        f"[research memory of `{project.name}`]({where.memory}) · "
+        f"[all findings of `{project.name}`]({where.memory}) · "
         f"[the whole report, REPORT.md]({where.report})",
         "",
         *report.judgement_lines(result),
