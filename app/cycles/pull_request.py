@@ -198,16 +198,15 @@ def _fit(build: Callable[[Sequence[str]], str], table: list[str], whole: str, li
     if len(text) <= limit:
         return text
     head, rows = table[:2], [line for line in table[2:] if line]
-    note = (
-        "{n} more rows are not shown: a pull request body holds at most "
-        f"{limit} characters. The whole table is in [REPORT.md]({whole})."
-    )
-    over = len(text) - limit + len(note) + 16
-    while rows and over > 0:
-        over -= len(rows.pop()) + 1
-    dropped = len([line for line in table[2:] if line]) - len(rows)
-    text = build([*head, *rows, "", note.format(n=dropped), ""])
-    if len(text) <= limit:
-        return text
+    total = len(rows)
+    if total:
+        note = f"more rows are not shown: a pull request body holds at most {limit} characters. "
+        note += f"The whole table is in [REPORT.md]({whole})."
+        over = len(text) - limit + len(note) + 16
+        while rows and over > 0:
+            over -= len(rows.pop()) + 1
+        text = build([*head, *rows, "", f"{total - len(rows)} {note}", ""])
+        if len(text) <= limit:
+            return text
     cut = f"\n\n… (cut at {limit} characters; the whole report is in REPORT.md: {whole})\n"
     return text[: limit - len(cut)] + cut

@@ -135,3 +135,14 @@ def test_an_overlong_hypothesis_is_cut_and_credentials_never_reach_the_body() ->
     assert len(body) <= MAX_BODY_CHARS
     assert "ghp_SECRET123" not in body
     assert "cut here; REPORT.md has it all" in body and "| fused |" in body
+
+
+def test_a_body_still_too_long_is_cut_at_the_limit_with_the_verdict_kept() -> None:
+    cycle, result = harness_cycle()
+    where = github_links(cycle)
+    body = pr_body(cycle, PROJECT, result, where, limit=800)
+    assert len(body) <= 800
+    assert body.startswith("**Verdict: faster**, ratio 0.800 [0.780, 0.820]")
+    assert body.endswith(
+        f"(cut at 800 characters; the whole report is in REPORT.md: {where.report})\n"
+    )
