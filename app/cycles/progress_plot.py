@@ -120,7 +120,14 @@ def _verdict_legend(ax: Axes, verdicts: list[str], extra: Sequence[Artist] = ())
         )
         for v in verdicts
     ]
-    ax.legend(handles=[*handles, *extra], loc="best", fontsize="small", framealpha=0.85)
+    # Outside the axes, on the right: a legend never hides a point (or its link).
+    ax.legend(
+        handles=[*handles, *extra],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize="small",
+        frameon=False,
+    )
 
 
 def _verdicts(points: list[Point]) -> list[str]:
@@ -258,7 +265,7 @@ def space_svg(space: SpaceMap) -> str:
             ax.set_title(panel.title, fontsize="medium")
     for ax in axes[len(space.panels) :]:
         ax.set_axis_off()
-    _verdict_legend(axes[0], _verdicts(all_points))
+    _verdict_legend(axes[cols - 1], _verdicts(all_points))
     title = f"Parameter space of {space.experiment}"
     if space.hidden_panels:
         title += f" ({space.hidden_panels} more combinations with cycles not shown)"

@@ -17,6 +17,7 @@ from markupsafe import Markup
 from app.api.deps import SettingsDep, StoresDep
 from app.cycles import progress, progress_plot
 from app.cycles import service as cycles
+from app.cycles.progress import Point, Progress
 from app.dashboard import live
 from app.dashboard.pages import PREFIX, MaybeViewer, from_exception, render, to_login
 from app.dashboard.views import BudgetRow
@@ -48,9 +49,9 @@ class Chart:
 @dataclass
 class ProjectPage:
     project: Project
-    progress: progress.Progress
+    progress: Progress
     budget: BudgetRow
-    best: list[progress.Point] = field(default_factory=list)
+    best: list[Point] = field(default_factory=list)
     trend: Chart | None = None
     without_ratio: int = 0
     maps: list[Chart] = field(default_factory=list)
