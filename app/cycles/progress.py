@@ -55,7 +55,7 @@ class Point:
     """One cycle as the charts see it."""
 
     cycle_id: int
-    experiment: str
+    experiment: str | None  # None while the agent has not proposed yet
     parameters: Mapping[str, Any]
     state: str
     verdict: str | None
@@ -68,7 +68,7 @@ class Point:
         h = cycle.headline or {}
         return cls(
             cycle_id=cycle.id,
-            experiment=cycle.experiment or "?",
+            experiment=cycle.experiment,
             parameters=dict(cycle.parameters or {}),
             state=cycle.state,
             verdict=cycle.verdict,
@@ -88,7 +88,8 @@ class Point:
         ratio = "" if self.ratio is None else f", ratio {self.ratio:.3f}"
         if self.ci_low is not None and self.ci_high is not None:
             ratio += f" [{self.ci_low:.3f}, {self.ci_high:.3f}]"
-        return f"cycle {self.cycle_id}: {self.experiment} ({params or 'no parameters'}): " + (
+        what = self.experiment or "no experiment yet"
+        return f"cycle {self.cycle_id}: {what} ({params or 'no parameters'}): " + (
             f"{self.judged.replace('_', ' ')}{ratio}"
         )
 
@@ -106,7 +107,7 @@ class Progress:
     @property
     def experiments(self) -> list[str]:
         """Experiments with cycles, in the order of their first cycle."""
-        return list(dict.fromkeys(p.experiment for p in self.points))
+        return list(dict.fromkeys(p.experiment for p in self.points if p.experiment))
 
     def direction(self, experiment: str) -> str:
         """`lower` or `higher`: which way the ratio improves (from the config, else from the

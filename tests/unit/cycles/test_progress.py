@@ -172,3 +172,11 @@ def test_text_in_a_chart_is_escaped() -> None:
     svg = progress_plot.space_svg(space_map(Progress("p", [evil]), "probe"))
     assert "<script" not in svg and "&lt;script&gt;" in svg
     _parsed(svg)
+
+
+def test_a_cycle_not_yet_proposed_has_no_map_and_no_place_on_the_trend() -> None:
+    planned = Point(2, None, {}, "planned", None)
+    found = Progress("p", [point(1, "faster", 0.9, n=1), planned])
+    assert found.experiments == ["probe"]
+    assert trend(found).without_ratio == 1
+    assert "no experiment yet" in planned.label
