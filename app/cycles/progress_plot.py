@@ -299,7 +299,7 @@ def inline(svg: str, prefix: str, titles: Mapping[str, str], title: str) -> str:
     root = ""
     if root_style is not None:  # `*{stroke-linejoin: round; ...}`: inherited from the root
         root = _attributes(root_style.group(1).strip().lstrip("*").strip("{} "))
-        svg = _STYLE_ELEMENT.sub("", svg)
+        svg = re.sub(r"<defs>\s*</defs>\s*", "", _STYLE_ELEMENT.sub("", svg))
     svg = _STYLE.sub(lambda m: _attributes(m.group(1)), svg)
     svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}-{m.group(1)}"', svg)
     svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}-{m.group(1)})", svg)
@@ -312,10 +312,9 @@ def inline(svg: str, prefix: str, titles: Mapping[str, str], title: str) -> str:
 
     svg = _LINK.sub(link, svg)
     label = html.escape(title)
-    return (
-        svg.replace("<svg ", f'<svg class="chart" aria-label="{label}"{root} ', 1)
-        .replace(">", f"><title>{label}</title>", 1)
-        .replace("<defs>\n  \n </defs>", "")
+    # The root's start tag is the first `>`: the chart's name goes right after it.
+    return svg.replace("<svg ", f'<svg class="chart" aria-label="{label}"{root} ', 1).replace(
+        ">", f"><title>{label}</title>", 1
     )
 
 
