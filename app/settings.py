@@ -132,6 +132,11 @@ class Settings(BaseSettings):
         default=True,
         description="While a job runs, park the next job's interpreter (saves its start-up).",
     )
+    gpu_reserve_next: bool = Field(
+        default=True,
+        description="While a job runs, reserve the next job (a lease it may not run yet), so "
+        "the next job starts with no DB round trip on the GPU's idle gap.",
+    )
     prepare_ahead: int = Field(
         default=2,
         ge=0,

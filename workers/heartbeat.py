@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Protocol
 
+from sqlalchemy.orm import Session
+
 from app.db import Stores
 from app.jobs import logs, paths
 from app.jobs import service as jobs
@@ -32,6 +34,7 @@ class RunLoop(Protocol):
     def settings(self) -> Settings: ...
     @property
     def me(self) -> _Named: ...
+    def renew_reservation(self, session: Session) -> None: ...
 
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class Heartbeat:
                             paths.log_path(self.loop.settings, self.job_id), paths.LOG_TAIL_BYTES
                         ),
                     )
+                    self.loop.renew_reservation(session)  # the next job's, if reserved
             except jobs.LeaseLost:
                 wanted = True  # someone else owns it now: stop ours
             except Exception:  # a DB hiccup: keep the job, try again next beat
