@@ -65,6 +65,9 @@ class RunLoop:
     reserved: Ticket | None = None
     #: Set by the heartbeat thread when the reservation was lost or cancelled.
     _reservation_lost: bool = False
+    #: Clean-ups of the last job (its killed cgroup's removal) kept off the GPU's idle gap:
+    #: run once the next job has started, or when the loop ends.
+    _after_start: list[Callable[[], None]] = field(default_factory=list)
 
     def run_available(self) -> int:
         """Run prepared jobs until none is left; returns how many ran.
@@ -184,10 +187,16 @@ class RunLoop:
             if settle is not None:
                 self._store_alone(settle)
             raise
+        self._run_after_start()
         if settle is not None:
             settle.stored = True
             self._ring(cycle_id)
             self._upload_log(settle.ticket.job_id)
+
+    def _run_after_start(self) -> None:
+        pending, self._after_start = self._after_start, []
+        for task in pending:
+            task()
 
     def _settle_and_lease(self, done: tuple[Ticket, jobs.JobOutcome] | None) -> Ticket | None:
         """Store the finished job's outcome (if any) and lease the next job, in one transaction.
@@ -288,6 +297,7 @@ class RunLoop:
             log.warning("cycle %s: advance doorbell not sent", cycle_id, exc_info=True)
 
     def cleanup(self) -> None:
+        self._run_after_start()
         batch, self.pending_cleanup = self.pending_cleanup, []
         release_all(batch)
 
@@ -361,6 +371,7 @@ class RunLoop:
                         on_event=on_event,
                         on_spawn=lambda pid, pgid: self._spawned(ticket, pid, pgid, beat, settle),
                         spare=spare,
+                        deferred=self._after_start,
                     )
                     error = None
                 except (LaunchError, jobs.LeaseLost) as exc:
@@ -368,6 +379,8 @@ class RunLoop:
                 finally:
                     beat.stop()
                 if outcome is not None:
+                    if ticket.reserved:
+                        log_file.write("[launch] reserved while the previous job ran\n")
                     if outcome.launch == "spare":
                         log_file.write("[launch] handed to the parked interpreter\n")
                     elif outcome.spare_missed:
