@@ -9,6 +9,7 @@ next job is `launcher/spare.py`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -168,12 +169,18 @@ class RunLoop:
         self._upload_log(settle.ticket.job_id)
 
     def _started(
-        self, ticket: Ticket, settle: Settle | None, pid: int | None, pgid: int | None
+        self,
+        ticket: Ticket,
+        settle: Settle | None,
+        pid: int | None,
+        pgid: int | None,
+        first_line_at: datetime | None = None,
     ) -> None:
         """Record the job's start: with `settle`, in one transaction with the previous job's
-        outcome (after the hand-over: the job runs meanwhile). A reservation lost or cancelled
-        raises LeaseLost (the caller kills what it started); the previous outcome is stored
-        on its own then."""
+        outcome (and its first line, when known: a reserved job's start is recorded then, so
+        that no DB work competes with the job's own start-up). A reservation lost or
+        cancelled raises LeaseLost (the caller kills what it started); the previous outcome is
+        stored on its own then."""
         cycle_id: int | None = None
         try:
             with self.stores.ops_session() as session:
@@ -183,6 +190,8 @@ class RunLoop:
                     reservations.start_reserved(session, ticket.job_id, self.me.name, pid, pgid)
                 elif pid is not None and pgid is not None:
                     jobs.mark_running(session, ticket.job_id, self.me.name, pid, pgid)
+                if first_line_at is not None:
+                    jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line_at)
         except jobs.LeaseLost:
             if settle is not None:
                 self._store_alone(settle)
@@ -378,6 +387,10 @@ class RunLoop:
                     outcome, error = None, str(exc)
                 finally:
                     beat.stop()
+                try:
+                    beat.record_start()  # a reserved job that ended before its first line
+                except jobs.LeaseLost as exc:
+                    outcome, error = None, str(exc)
                 if outcome is not None:
                     if ticket.reserved:
                         log_file.write("[launch] reserved while the previous job ran\n")
@@ -424,7 +437,11 @@ class RunLoop:
     ) -> None:
         beat.pgid = pgid
         beat.spawned_at = time.time()
-        self._started(ticket, settle, pid, pgid)
+        if ticket.reserved:
+            # Recorded with its first line (or its first heartbeat, or its end, if sooner).
+            beat.pending_start = functools.partial(self._started, ticket, settle, pid, pgid)
+        else:
+            self._started(ticket, settle, pid, pgid)
 
     def _event_handler(
         self, ticket: Ticket, launch: prepare.LaunchSettings, log_file: Any, beat: Heartbeat
@@ -436,10 +453,10 @@ class RunLoop:
                     self.preparer.kick()  # the job's start is behind it: prepare what follows
                 now = time.time()
                 at = first_line_time(event.get("at"), lower=beat.spawned_at, upper=now)
-                with self.stores.ops_session() as session:
-                    jobs.mark_first_line(
-                        session, ticket.job_id, self.me.name, datetime.fromtimestamp(at, UTC)
-                    )
+                first_line = datetime.fromtimestamp(at, UTC)
+                if not beat.record_start(first_line_at=first_line):
+                    with self.stores.ops_session() as session:
+                        jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line)
                 # The job's own start is behind it: reserve the next job now, and park its
                 # interpreter (else for the job first in line, else for one like this one).
                 reserved = self._reserve()
