@@ -52,17 +52,17 @@ def _reserved() -> ColumnElement[bool]:
     return select(Lease.id).where(Lease.job_id == Job.id).exists()
 
 
-def _ready_on(host: str) -> ColumnElement[bool]:
-    """The job has a finished preparation on `host`: a worker there may lease it."""
-    return (
-        select(JobPreparation.id)
-        .where(
-            JobPreparation.job_id == Job.id,
-            JobPreparation.host == host,
-            JobPreparation.state == "ready",
-        )
-        .exists()
+def _ready_on(host: str, before: datetime | None = None) -> ColumnElement[bool]:
+    """The job has a finished preparation on `host` (finished `before`, if given): a worker
+    there may lease it."""
+    query = select(JobPreparation.id).where(
+        JobPreparation.job_id == Job.id,
+        JobPreparation.host == host,
+        JobPreparation.state == "ready",
     )
+    if before is not None:
+        query = query.where(JobPreparation.finished_at <= before)
+    return query.exists()
 
 
 def leasable(
@@ -71,10 +71,11 @@ def leasable(
     limit: int = 20,
     exclude_projects: Sequence[int] = (),
     host: str | None = None,
+    ready_before: datetime | None = None,
 ) -> Sequence[Job]:
     query: Select[Job] = select(Job).where(*_waiting(queue))
     if host is not None:
-        query = query.where(_ready_on(host))
+        query = query.where(_ready_on(host, ready_before))
     if exclude_projects:
         query = query.where(Job.project_id.not_in(exclude_projects))
     query = query.order_by(Job.order_key, Job.id).limit(limit)

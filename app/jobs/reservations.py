@@ -37,10 +37,24 @@ def reserve_next(
     host: str | None = None,
 ) -> Job | None:
     """Reserve the job that `lease_next` would give `worker` now, budgets counted as if the
-    worker's current job had ended (its GPU passes to this one); None when none fits."""
+    worker's current job had ended (its GPU passes to this one); None when none fits.
+
+    Only a job ready for `gpu_reserve_after_s` is taken: a job an idle worker of the host could
+    run is leased by it within its doorbell's latency, so one still waiting after that has no
+    idle GPU to go to. (A reservation holds its job until the reserving worker's current job
+    ends: it must never keep a job from an idle GPU.)
+    """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
-    job = jobs.choose_next(session, settings, queue=queue, host=host, besides_worker=worker)
+    ready_before = utcnow() - timedelta(seconds=settings.gpu_reserve_after_s)
+    job = jobs.choose_next(
+        session,
+        settings,
+        queue=queue,
+        host=host,
+        besides_worker=worker,
+        ready_before=ready_before,
+    )
     if job is None:
         session.flush()
         return None

@@ -208,6 +208,7 @@ def choose_next(
     queue: str,
     host: str,
     besides_worker: str | None = None,
+    ready_before: datetime | None = None,
 ) -> Job | None:
     """The oldest job of `queue` prepared on `host` that fits both budgets; the caller holds
     the leasing lock (`repo.lock_leasing`) and claims it.
@@ -215,7 +216,8 @@ def choose_next(
     A project over its budget is decided once per call and its jobs are skipped in the query,
     so however many of its jobs wait, the next project's job behind them is chosen; every
     waiting job shows the reason. `besides_worker` (a worker choosing its next job while it
-    runs one) does not count that worker's own GPU against the budgets.
+    runs one) does not count that worker's own GPU against the budgets; `ready_before` skips
+    jobs whose preparation on `host` finished later.
     """
     globally = check_scope(
         session, "global", None, budget_scopes(settings, None)[0][2], besides_worker
@@ -229,7 +231,9 @@ def choose_next(
     while chosen is None:
         batch = [
             j
-            for j in repo.leasable(session, queue, exclude_projects=list(blocked), host=host)
+            for j in repo.leasable(
+                session, queue, exclude_projects=list(blocked), host=host, ready_before=ready_before
+            )
             if j.id not in tried
         ]
         if not batch:

@@ -3,13 +3,16 @@ its current job runs. Its place in the order, the budgets, cancellation, the rea
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from sqlalchemy import update
 
 from app.db import Stores
 from app.jobs import reaping, reservations
 from app.jobs import repository as repo
 from app.jobs import service as jobs
-from app.jobs.models import Lease
+from app.jobs.models import JobPreparation, Lease
 from app.settings import Settings
 from tests.integration.queue.test_jobs_service import (
     expire_lease,
@@ -21,11 +24,12 @@ from tests.integration.queue.test_jobs_service import (
 )
 
 
-def reserve(stores: Stores, settings: Settings, worker: str = "w1") -> int | None:
+def reserve(
+    stores: Stores, settings: Settings, worker: str = "w1", after_s: float = 0.0
+) -> int | None:
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": after_s})
     with stores.ops_session() as session:
-        job = reservations.reserve_next(
-            session, settings, queue="gpu.cpu", worker=worker, device=""
-        )
+        job = reservations.reserve_next(session, at_once, queue="gpu.cpu", worker=worker, device="")
         return job.id if job else None
 
 
@@ -132,3 +136,21 @@ def test_a_released_reservation_is_first_in_line_again(stores: Stores, settings:
         reservations.release(session, nxt, "w1")
     assert lease(stores, settings, "w2") == nxt
     assert lease(stores, settings, "w3") == later
+
+
+def test_a_job_just_prepared_is_left_for_an_idle_worker(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha")
+    running, fresh = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    # ready for less than gpu_reserve_after_s: an idle worker's doorbell may be on its way
+    assert reserve(stores, settings, "w1", after_s=60) is None
+    assert lease(stores, settings, "w2") == fresh
+    # one that waited that long has no idle GPU to go to
+    later = submit(stores, settings, "alpha")
+    with stores.ops_session() as session:
+        session.execute(
+            update(JobPreparation)
+            .where(JobPreparation.job_id == later)
+            .values(finished_at=jobs.utcnow() - timedelta(seconds=61))
+        )
+    assert reserve(stores, settings, "w1", after_s=60) == later

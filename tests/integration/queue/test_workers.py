@@ -185,7 +185,10 @@ def test_the_next_job_is_reserved_while_one_runs_and_each_runs_once(
 ) -> None:
     repo = make_repo(tmp_path, "probe-r")
     workers.start("control", "control")
-    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    # every job this host has ready is reserved at once (one worker: no idle GPU to wait for)
+    workers.start(
+        "gpu", "gpu", "--kind", "cpu", "--device", "0", env={"AUTOPILOT_GPU_RESERVE_AFTER_S": "0"}
+    )
     ids = [submit(stores, workers, repo, sleep_s=s) for s in (3, 0.5, 0.5, 0.05)]
     done = [wait_for(lambda i=i: finished(stores, i), timeout=180) for i in ids]
     assert [d.state for d in done] == ["succeeded"] * 4, workers.logs()
