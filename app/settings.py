@@ -137,6 +137,18 @@ class Settings(BaseSettings):
         default=True,
         description="While a job runs, park the next job's interpreter (saves its start-up).",
     )
+    gpu_reserve_next: bool = Field(
+        default=True,
+        description="While a job runs, reserve the next job (a lease it may not run yet), so "
+        "the next job starts with no DB round trip on the GPU's idle gap.",
+    )
+    gpu_reserve_after_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Only a job ready (prepared on the host) this long is reserved: an idle "
+        "worker takes a fresh one within its doorbell's latency, and a reservation must never "
+        "keep a job from an idle GPU.",
+    )
     prepare_ahead: int = Field(
         default=2,
         ge=0,
