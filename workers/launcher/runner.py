@@ -30,7 +30,7 @@ from typing import Any
 
 from app import sandbox
 from workers.launcher import confine
-from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, spawn
+from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, start
 from workers.launcher.runtime import RuntimeDirError
 from workers.launcher.spare import Spare
 
@@ -206,14 +206,7 @@ def run_job(
                         cgroup = _open_cgroup(job)
             if proc is None:
                 try:
-                    proc = spawn(
-                        job.command(),
-                        job.cwd,
-                        env,
-                        subprocess.DEVNULL,
-                        policy=job.policy(),
-                        cgroup=cgroup,
-                    )
+                    proc = start(job, env, cgroup)
                 except OSError as exc:
                     raise LaunchError(f"cannot start {shlex.join(job.command())}: {exc}") from exc
             outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn, cgroup)
