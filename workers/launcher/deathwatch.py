@@ -77,10 +77,12 @@ def _start(base: Path, suffix: str) -> subprocess.Popen[bytes] | None:
         return None
     try:
         # Its own session: a terminal's Ctrl-C or a kill of the worker's group must not take
-        # the watch down before the worker. -I -S: nothing of the environment, no site.
+        # the watch down before the worker. No environment (the worker's holds its secrets),
+        # -I -S: no site either.
         proc = subprocess.Popen(  # noqa: S603 - this interpreter, this module
             [sys.executable, "-I", "-S", "-c", _RUN, str(pidfd), str(base), suffix],
             cwd="/",
+            env={},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             start_new_session=True,

@@ -2,7 +2,8 @@
 
 The job runs as `<venv>/bin/python -m <entry>` in its own session and process group with a
 scrubbed environment (`environment.py`), under bubblewrap when the host's sandbox is on
-(`confine.py`), in a cgroup of its own. It dies with the worker (PR_SET_PDEATHSIG), is
+(`confine.py`), in a cgroup of its own. It dies with the worker (the death watch kills the
+worker's cgroups, `deathwatch.py`; without a cgroup, PR_SET_PDEATHSIG), is
 stopped as a whole on timeout (SIGTERM, a grace period, SIGKILL), and whatever it leaves in
 its cgroup (or, without one, its group) when it exits is killed, so no grandchild outlives the
 job, not even one that called setsid().
@@ -168,10 +169,11 @@ def run_job(
 ) -> Outcome:
     """Run the experiment to completion (or its time limit) and return what happened.
 
-    Must be called from the thread that lives as long as the job: PR_SET_PDEATHSIG fires
-    when the spawning *thread* exits. With `spare`, the job runs in that parked interpreter
-    when it fits and takes the job (`Outcome.launch == "spare"`), else the job starts cold
-    (`Outcome.spare_missed` says why); either way the spare is used up.
+    Must be called from the thread that lives as long as the job: where the job has no
+    watched cgroup, PR_SET_PDEATHSIG fires when the spawning *thread* exits. With `spare`,
+    the job runs in that parked interpreter when it fits and takes the job
+    (`Outcome.launch == "spare"`), else the job starts cold (`Outcome.spare_missed` says
+    why); either way the spare is used up.
     """
     lim = limits or Limits()
     launch, missed = "cold", None
