@@ -118,12 +118,12 @@ def test_a_cold_module_job_is_spawned_with_vfork(
 ) -> None:
     """No preexec_fn on the cold path: CPython then uses vfork (checked with strace when
     there is one); a cgroup the death watch does not cover keeps the preexec (fork)."""
-    seen: list[dict[str, Any]] = []
+    seen: list[tuple[list[str], dict[str, Any]]] = []
     real = subprocess.Popen
 
-    def recording(*args: Any, **kw: Any) -> Any:
-        seen.append(kw)
-        return real(*args, **kw)
+    def recording(argv: list[str], **kw: Any) -> Any:
+        seen.append((argv, kw))
+        return real(argv, **kw)
 
     monkeypatch.setattr(launch.subprocess, "Popen", recording)
     (tmp_path / "wt").mkdir()
@@ -147,7 +147,7 @@ def test_a_cold_module_job_is_spawned_with_vfork(
             )
             out = run_job(job, limits=Limits(timeout_s=30, read_result=False))
             assert out.returncode == 0, out.stderr
-            [job_popen] = [kw for kw in seen if kw.get("env") is not None]
+            [job_popen] = [kw for argv, kw in seen if argv[0] == str(venv.python)]
             assert (job_popen.get("preexec_fn") is not None) is preexec, name
     finally:
         release_runtime(rt)
