@@ -12,6 +12,7 @@ from app.db import Stores
 from app.settings import get_settings
 from workers import gpu, prepare, reaper
 from workers.celery_app import celery
+from workers.launcher import confine
 from workers.launcher.spare import SpareSlot
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def run_jobs(queue: str) -> int:
         log.error("doorbell for %s reached a worker that is not a %s GPU worker", queue, queue)
         return 0
     global PREPARER
-    if PREPARER is None:
+    if PREPARER is None:  # this worker's first doorbell
+        confine.start_death_watch()
         PREPARER = prepare.Preparer(stores(), get_settings(), me.queue)
     loop = gpu.RunLoop(stores(), get_settings(), me, spares=SPARES, preparer=PREPARER)
     return loop.run_available()

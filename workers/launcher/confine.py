@@ -59,6 +59,13 @@ def watched(cgroup: sandbox.Cgroup) -> bool:
     return cgroup.path.name.endswith(suffix) and deathwatch.ensure(cgroup.path.parent, suffix)
 
 
+def start_death_watch() -> None:
+    """Start this worker's death watch ahead of its first job, so that job's launch does not
+    pay for the watch's start (a host without cgroup v2 or pidfds has none: nothing happens)."""
+    with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+        deathwatch.ensure(sandbox.cgroup_base(), owner_suffix())
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
