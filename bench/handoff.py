@@ -189,7 +189,8 @@ def run_baseline_worker(settings: Settings) -> None:
 
 
 def median_ms(values: list[float]) -> float:
-    return round(statistics.median(values) * 1000, 1)
+    """The median in ms (NaN-free: 0.0 when there is nothing to take it of)."""
+    return round(statistics.median(values) * 1000, 1) if values else 0.0
 
 
 RESERVED_LINE = "[launch] reserved while the previous job ran"
