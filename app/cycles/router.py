@@ -67,7 +67,7 @@ def trigger_cycle(
         if idempotency_key
         else (None, None)
     )
-    with stores.ops_session() as session:
+    with stores.ops_write_session() as session:
         cycle, created = service.create(
             session,
             service.Trigger(
