@@ -131,3 +131,17 @@ def test_the_live_cycle_cap_still_refuses_with_nothing_stored(
         missing = client.post("/api/v1/cycles", json={"project": "nope"}, headers=bearer(token))
         assert missing.status_code == 404
         assert "no project named 'nope'" in missing.json()["detail"]
+
+
+def test_the_control_worker_fans_a_burst_doorbell_out_to_each_cycle(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers import tasks
+
+    monkeypatch.setattr(tasks, "get_settings", lambda: settings)
+    broker.ring_advance_many(settings, [3, 4, 5])
+    assert rung_cycles(settings) == [[3, 4, 5]]
+    for path in (settings.broker_dir / "queue").glob("*.control.msg"):
+        path.unlink()  # consumed
+    assert tasks.advance_cycles.run([3, 4, 5]) == [3, 4, 5]
+    assert sorted(rung_cycles(settings)) == [[3], [4], [5]]  # each cycle's own doorbell
