@@ -29,10 +29,11 @@ NAMING_CONVENTION = {
 }
 
 SQLITE_BUSY_TIMEOUT_MS = 15_000
-# Connections kept open per engine: as many as the API serves requests at once under a burst
-# (20 clients in bench/cycle_overhead.py), so a burst reuses them instead of opening and
-# closing overflow connections per request (a PostgreSQL connect forks a backend; a SQLite one
-# runs its pragmas). The pool only grows on demand; overflow covers the rest of the thread pool.
+# PostgreSQL connections kept open per engine: as many as the API serves requests at once under
+# a burst (20 clients in bench/cycle_overhead.py), so a burst reuses them instead of opening and
+# closing an overflow connection per request (each connect forks a server backend). The pool
+# only grows on demand (a worker process holds one or two); overflow covers the thread pool.
+# SQLite keeps SQLAlchemy's default pool: its writers take turns anyway (`ops_write_session`).
 POOL_SIZE, POOL_OVERFLOW = 20, 20
 
 
@@ -63,8 +64,7 @@ def make_engine(url: str) -> Engine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            url,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

@@ -69,7 +69,10 @@ def create(
     draft says).
 
     A flood of triggers is refused (429) once a project has `max_live` unfinished cycles: the
-    queue and both budgets stay bounded, and nothing is left half-made."""
+    queue and both budgets stay bounded, and nothing is left half-made.
+
+    The trigger route's whole unit of work (issue 18): without a key, one read (the project and
+    its live count together) and one insert; with one, its lookup first and a savepoint."""
     if trigger.idempotency_key:
         existing = repository.by_idempotency_key(session, trigger.idempotency_key)
         created = aware(existing.created_at) if existing is not None else None
