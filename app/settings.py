@@ -173,6 +173,12 @@ class Settings(BaseSettings):
         description="Fault injection for the reliability tests: the process advancing a cycle "
         "exits hard right after this step commits. Never set in production.",
     )
+    token_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long an API process trusts a bearer token it verified without asking "
+        "the DB again: a revocation by another process takes effect within it (0: always ask).",
+    )
     max_live_cycles_per_project: int = Field(
         default=20, ge=1, description="A trigger beyond this many unfinished cycles gets 429."
     )

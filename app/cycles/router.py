@@ -5,21 +5,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
-from app import broker
 from app.api.deps import (
     MAX_OFFSET,
     AnyToken,
     OpsSession,
     ReviewToken,
     RowId,
+    SettingsDep,
+    StoresDep,
     TriggerToken,
+    get_doorbell,
     get_settings,
     get_stores,
     page_headers,
 )
+from app.broker import Coalescer
 from app.cycles import progress_plot, review, schedules, service
 from app.cycles.models import Cycle, CycleStep
 from app.cycles.schemas import (
@@ -53,10 +56,10 @@ def _one(session: Session, cycle: Cycle, steps: Sequence[CycleStep] = ()) -> Cyc
 def trigger_cycle(
     body: CycleCreate,
     response: Response,
-    background: BackgroundTasks,
     token: TriggerToken,
-    stores: Annotated[Stores, Depends(get_stores)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    doorbell: Annotated[Coalescer, Depends(get_doorbell)],
+    stores: StoresDep,
+    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> CycleOut:
     key, request = (
@@ -64,7 +67,7 @@ def trigger_cycle(
         if idempotency_key
         else (None, None)
     )
-    with stores.ops_session() as session:
+    with stores.ops_write_session() as session:
         cycle, created = service.create(
             session,
             service.Trigger(
@@ -79,11 +82,12 @@ def trigger_cycle(
             max_live=settings.max_live_cycles_per_project,
             key_ttl_s=settings.idempotency_ttl_s,
         )
-        out = _one(session, cycle)
+        # A new cycle has no job yet: only a replayed one is looked up.
+        out = _one(session, cycle) if not created else _out(cycle, {})
     if created:
-        # After the commit, and after the response is sent: the caller does not wait on the
-        # broker. A doorbell lost here (the process dies first) is rung again by the reaper.
-        background.add_task(broker.ring_advance, settings, out.id)
+        # After the commit; sent by the coalescer's thread, one message per burst: the caller
+        # does not wait on the broker. One lost (the process dies first) the reaper rings again.
+        doorbell.add(out.id)
     else:
         response.status_code = status.HTTP_200_OK
     return out
