@@ -204,25 +204,33 @@ class Cgroup:
         except FileNotFoundError:
             return False
 
-    def kill(self) -> None:
-        """SIGKILL every process in the cgroup and wait until it is empty."""
+    def kill(self, *, wait: bool = True) -> None:
+        """SIGKILL every process in the cgroup and (with `wait`) wait until it is empty.
+
+        Without `wait` the signal is sent and the caller goes on: a job's runner does so when
+        the job's leader exits (its pipes' end says when the rest is gone), and removes the
+        cgroup, which waits, off the GPU's idle gap."""
         if not self.path.exists():
             return
         deadline = time.monotonic() + KILL_DEADLINE_S
         has_kill = (self.path / "cgroup.kill").exists()
         if has_kill:
             (self.path / "cgroup.kill").write_text("1")
+        pause = 0.0005
         while self.populated():
             if not has_kill:  # kernels before 5.14: kill one by one until none is left
                 for pid in self.pids():
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
+            if not wait:
+                return
             if time.monotonic() > deadline:
                 raise SandboxUnavailable(
                     f"cgroup {self.path} still holds {self.pids()} {KILL_DEADLINE_S:g} s "
                     "after it was killed"
                 )
-            time.sleep(0.01)
+            time.sleep(pause)  # the kernel empties it within a few ms: look again soon
+            pause = min(pause * 2, 0.01)
 
     def remove(self) -> None:
         self.kill()

@@ -373,7 +373,6 @@ class RunLoop:
                     log_file.flush()
                 on_event = self._event_handler(ticket, launch_settings, log_file, beat)
                 try:
-                    beat.start()
                     outcome = runner.run_job(
                         launch,
                         limits=runner.Limits(timeout_s=ticket.time_limit_s),
@@ -437,6 +436,7 @@ class RunLoop:
     ) -> None:
         beat.pgid = pgid
         beat.spawned_at = time.time()
+        beat.start()
         if ticket.reserved:
             # Recorded with its first line (or its first heartbeat, or its end, if sooner).
             beat.pending_start = functools.partial(self._started, ticket, settle, pid, pgid)

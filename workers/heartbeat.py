@@ -57,11 +57,15 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start beating (idempotent). A GPU worker starts it once the job is handed over:
+        a thread's start waits for the thread to be scheduled, which is no work for the gap."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
 
     def record_start(self, **kw: Any) -> bool:
         """Record the job's pending start now, once, whichever thread comes first (its first

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.clock import utcnow
 from app.jobs import paths
 from app.jobs.service import JobOutcome
 from app.settings import Settings
@@ -131,4 +133,10 @@ def job_outcome(
         result_path=result_path,
         log_path=str(log_path),
         gpu_seconds=outcome.duration_s,
+        # when the GPU was free: the job's exit, not this bookkeeping after it
+        finished_at=(
+            datetime.fromtimestamp(outcome.exited_at, UTC)
+            if outcome.exited_at is not None
+            else utcnow()
+        ),
     )

@@ -169,9 +169,9 @@ def signal_group(pgid: int, cgroup: sandbox.Cgroup | None, sig: signal.Signals) 
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         return
-    if sig == signal.SIGKILL:
-        with contextlib.suppress(sandbox.SandboxUnavailable):
-            cgroup.kill()
+    if sig == signal.SIGKILL:  # sent to all at once; whoever removes the cgroup waits
+        with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            cgroup.kill(wait=False)
         return
     for pid in cgroup.pids():
         if _comm(pid) != "bwrap":

@@ -74,6 +74,7 @@ class Outcome:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     launch: str = "cold"  # "spare": handed to a parked interpreter (`Spare`)
+    exited_at: float | None = None  # wall clock: when its leader's exit was seen
     spare_missed: str | None = None  # why a spare offered for this job could not run it
 
     @property
@@ -276,6 +277,7 @@ def _supervise(
     pidfd: int | None = None
     timed_out = False
     returncode: int | None = None
+    exited_at: float | None = None
     try:
         if on_spawn is not None:
             on_spawn(proc.pid, pgid)
@@ -298,6 +300,7 @@ def _supervise(
             if returncode is None:
                 returncode = proc.poll()
                 if returncode is not None:
+                    exited_at = time.time()
                     # the leader is gone: nothing else of the job may stay behind
                     confine.signal_group(pgid, None, signal.SIGKILL)
                     confine.signal_group(pgid, cgroup, signal.SIGKILL)
@@ -405,6 +408,7 @@ def _supervise(
         stderr=outs["stderr"].text(),
         stdout_bytes=outs["stdout"].total,
         stderr_bytes=outs["stderr"].total,
+        exited_at=exited_at,
     )
 
 
