@@ -278,7 +278,7 @@ def lease_next(
         # where it runs: the leasing host's own export and venv
         prepared = repo.preparation(session, leased.id, host)
         if prepared is not None:
-            leased.workdir, leased.venv_path = prepared.workdir, prepared.venv_path
+            leased.take_preparation(prepared)
     for project_id, reason in blocked.items():
         repo.set_wait_reason(session, queue, reason, project_id=project_id)
     repo.clear_wait_reasons(session, queue, keep_projects=list(blocked))
