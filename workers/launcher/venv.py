@@ -108,7 +108,7 @@ def _content_line(line: str) -> str:
             path = Path(root, name)
             digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
-    return f"local folder {folder.name} sha256:{digest.hexdigest()}"
+    return f"local folder sha256:{digest.hexdigest()}"
 
 
 def _ignored(name: str) -> bool:

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import git
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -17,16 +18,10 @@ from app.db import Stores
 from app.jobs import paths, preparation
 from app.jobs import service as jobs
 from app.projects import service as ops
-from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used by name
-    Workers,
-    broker_url,
-    make_repo,
-    queue_settings,
-    shared_venv_root,
-    workers,
-)
+from tests.integration.queue.conftest import Workers, make_repo
 from tests.integration.queue.test_job_cli import cli_env
-from tests.integration.queue.test_workers import submit
+from tests.integration.queue.test_workers import finished, submit
+from tests.support import wait_for
 from workers import prepare
 
 
@@ -75,3 +70,31 @@ def test_a_prepared_job_logs_its_venv_build_and_carries_its_lock(
     out = CliRunner().invoke(job_app, ["show", str(job_id), "--json"], env=cli_env(settings))
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["environment"]["lock"] == lock
+
+
+def test_harness_progress_reads_run_i_of_n_in_the_job_log(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path, "probe-progress")
+    main = repo / "probe" / "main.py"
+    # The harness's own progress events, as `autopilot_harness.experiment._compare` sends them.
+    main.write_text(
+        main.read_text().replace(
+            'send({"type": "started"})\n',
+            'send({"type": "started"})\n'
+            + "".join(
+                f'send({{"type": "progress", "stage": "timing", "done": {i}, "total": 3}})\n'
+                for i in (1, 2, 3)
+            ),
+        )
+    )
+    git.Repo(repo).index.add(["probe/main.py"])
+    git.Repo(repo).index.commit("probe reports its progress")
+    job_id = submit(stores, workers, repo, sleep_s=0.05)
+    workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
+    done = wait_for(lambda: finished(stores, job_id), timeout=120)
+    assert done.state == "succeeded", (done.error, workers.logs())
+    log = Path(done.log_path or "").read_text()
+    assert [f"[progress] run {i}/3 (timing)" for i in (1, 2, 3)] == [
+        line for line in log.splitlines() if line.startswith("[progress]")
+    ], log
