@@ -157,11 +157,13 @@ def build(
     report: Progress,
     install_timeout_s: float,
     sandboxed: bool,
+    installer: str | None = None,
 ) -> Built:
-    """Build the venv at `target` (which must not exist) in a private home; what it made."""
+    """Build the venv at `target` (which must not exist) in a private home; what it made.
+    `installer` ("uv" or "pip") overrides `installer_for`'s choice (bench/venv_build.py)."""
     wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
     refuse_pip_options(wanted)  # before anything is built: these are the lines installed
-    installer = installer_for(wanted, system_site_packages)
+    installer = installer or installer_for(wanted, system_site_packages)
     home = target.parent / f"{target.name}.home"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(mode=0o700)
