@@ -48,6 +48,11 @@ class Settings(BaseSettings):
         description="The API's base URL as other hosts reach it (GPU hosts fetch the local "
         "forge from <control_url>/git/<project>.git); default: http://<host>:<port>.",
     )
+    dashboard_url: str = Field(
+        default="",
+        description="The dashboard's base URL as reviewers reach it: pull request bodies link "
+        "to a cycle's page and its findings there; default: <control_url>/dashboard.",
+    )
     control_token: SecretStr | None = Field(
         default=None, description="A GPU host's token (scope worker) for the control host's API."
     )
@@ -132,6 +137,18 @@ class Settings(BaseSettings):
         default=True,
         description="While a job runs, park the next job's interpreter (saves its start-up).",
     )
+    gpu_reserve_next: bool = Field(
+        default=True,
+        description="While a job runs, reserve the next job (a lease it may not run yet), so "
+        "the next job starts with no DB round trip on the GPU's idle gap.",
+    )
+    gpu_reserve_after_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Only a job ready (prepared on the host) this long is reserved: an idle "
+        "worker takes a fresh one within its doorbell's latency, and a reservation must never "
+        "keep a job from an idle GPU.",
+    )
     prepare_ahead: int = Field(
         default=2,
         ge=0,
@@ -166,15 +183,12 @@ class Settings(BaseSettings):
     @field_validator("control_url")
     @classmethod
     def _control_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if not value:
-            return value  # filled in from host and port below
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("expected the API's base URL, e.g. http://control.lab:8000")
-        if parts.username or parts.password:
-            raise ValueError("must not hold credentials; the token is AUTOPILOT_CONTROL_TOKEN")
-        return value
+        return _base_url(value, "the API's base URL, e.g. http://control.lab:8000")
+
+    @field_validator("dashboard_url")
+    @classmethod
+    def _dashboard_url(cls, value: str) -> str:
+        return _base_url(value, "the dashboard's base URL, e.g. https://autopilot.lab/dashboard")
 
     @model_validator(mode="after")
     def _default_control_url(self) -> Settings:
@@ -223,6 +237,12 @@ class Settings(BaseSettings):
         return self.ops_url or f"sqlite:///{self.state_dir.absolute() / 'ops.db'}"
 
     @property
+    def dashboard_base_url(self) -> str:
+        """The dashboard as reviewers reach it: `dashboard_url`, else the API's `/dashboard`
+        (worked out on each read, so a copy with another control URL follows it)."""
+        return self.dashboard_url or f"{self.control_url}/dashboard"
+
+    @property
     def broker_dir(self) -> Path:
         return self.state_dir.absolute() / "broker"
 
@@ -242,6 +262,23 @@ class Settings(BaseSettings):
         shown["memory_url"] = redact_url(self.memory_database_url)
         shown["ops_url"] = redact_url(self.ops_database_url)
         return shown
+
+
+def _base_url(value: str, expected: str) -> str:
+    """An http(s) base URL without a trailing '/' or credentials ('' is left to a default):
+    these URLs are shown to people and put in pull requests."""
+    value = value.strip().rstrip("/")
+    if not value:
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected {expected}")
+    if parts.username or parts.password:
+        raise ValueError(
+            "must not hold credentials (tokens have settings of their own, e.g. "
+            "AUTOPILOT_CONTROL_TOKEN)"
+        )
+    return value
 
 
 # `scheme://userinfo@`: the userinfo runs to the authority's last '@' (a password may hold an

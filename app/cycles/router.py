@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
@@ -20,7 +20,7 @@ from app.api.deps import (
     get_stores,
     page_headers,
 )
-from app.cycles import review, schedules, service
+from app.cycles import progress_plot, review, schedules, service
 from app.cycles.models import Cycle, CycleStep
 from app.cycles.schemas import (
     AutopilotOut,
@@ -152,4 +152,31 @@ def set_autopilot(
     """Start or stop a project's schedule (`every 2h` or a cron expression)."""
     return AutopilotOut.model_validate(
         schedules.set_autopilot(session, name, body.enabled, body.schedule)
+    )
+
+
+@autopilot_router.get(
+    "/{name}/plot",
+    response_class=Response,
+    responses={200: {"content": {"image/svg+xml": {}}, "description": "An SVG chart"}},
+)
+def get_project_plot(
+    name: str,
+    stores: Annotated[Stores, Depends(get_stores)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    _: AnyToken,
+    kind: Literal["trend", "space"] = "trend",
+    experiment: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """The project's progress as SVG: `trend`, the headline ratio of each cycle with its CI and
+    the best so far; `space`, an experiment's parameter space coloured by verdict (name the
+    experiment when the project has several). Each cycle's mark links to its dashboard page."""
+    svg = progress_plot.plot(settings, stores, name, kind, experiment)
+    return Response(
+        progress_plot.document(svg),
+        media_type="image/svg+xml",
+        headers={
+            "Content-Security-Policy": "default-src 'none'",
+            "X-Content-Type-Options": "nosniff",
+        },
     )

@@ -165,13 +165,16 @@ def run_job(
     on_event: EventCallback | None = None,
     on_spawn: SpawnCallback | None = None,
     spare: Spare | None = None,
+    deferred: list[Callable[[], None]] | None = None,
 ) -> Outcome:
     """Run the experiment to completion (or its time limit) and return what happened.
 
     Must be called from the thread that lives as long as the job: PR_SET_PDEATHSIG fires
     when the spawning *thread* exits. With `spare`, the job runs in that parked interpreter
     when it fits and takes the job (`Outcome.launch == "spare"`), else the job starts cold
-    (`Outcome.spare_missed` says why); either way the spare is used up.
+    (`Outcome.spare_missed` says why); either way the spare is used up. With `deferred`, the
+    job's cgroup (already killed when its leader exited) is removed later, by whoever runs
+    what is appended there: a GPU worker does it once the next job has started.
     """
     lim = limits or Limits()
     launch, missed = "cold", None
@@ -228,8 +231,19 @@ def run_job(
             spare.close()
         if cgroup is not None:
             # Whatever the job left, however it detached, goes with its cgroup.
-            with contextlib.suppress(sandbox.SandboxUnavailable):
-                cgroup.remove()
+            if deferred is not None:
+                deferred.append(_remover(cgroup))
+            else:
+                with contextlib.suppress(sandbox.SandboxUnavailable):
+                    cgroup.remove()
+
+
+def _remover(cgroup: sandbox.Cgroup) -> Callable[[], None]:
+    def remove() -> None:
+        with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            cgroup.remove()
+
+    return remove
 
 
 def _write_spec(job: LaunchSpec) -> None:
