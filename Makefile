@@ -18,15 +18,21 @@ sandbox:
 
 # torch: an already-installed torch (a GPU host's own build) is kept; otherwise the pin in the
 # `experiments` extra (torch==2.13.0) takes the local CPU wheel, never a multi-GB CUDA build.
+# pip's own output shows what it installs (a first install takes a minute or more).
 $(STAMP): pyproject.toml experiments/harness/pyproject.toml
+	@echo "== 1/4 the service's venv: $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	@echo "== 2/4 pip itself"
+	$(BIN)/python -m pip install --upgrade pip
+	@echo "== 3/4 the service, its dev tools and the experiments' packages (an installed torch is kept)"
 	if $(BIN)/python -c "import torch" 2>/dev/null; then \
-	  $(BIN)/python -m pip install -q -e '.[dev]' numpy; \
+	  $(BIN)/python -m pip install -e '.[dev]' numpy; \
 	else \
-	  $(BIN)/python -m pip install -q -e '.[dev,experiments]'; \
+	  $(BIN)/python -m pip install -e '.[dev,experiments]'; \
 	fi
-	$(BIN)/python -m pip install -q --no-deps -e ./experiments/harness
+	@echo "== 4/4 the experiment harness"
+	$(BIN)/python -m pip install --no-deps -e ./experiments/harness
+	@echo "== installed: $$($(BIN)/python -m pip list --format=freeze | wc -l) packages in $(VENV)"
 	touch $(STAMP)
 
 # One whole demo cycle on the embedded defaults; the service then stays up for review.

@@ -483,7 +483,7 @@ class RunLoop:
                             cgroup_name=confine.job_cgroup_name(after.job_id) if known else None,
                         )
             if kind in ("log", "progress"):
-                log_file.write(f"[{kind}] {event.get('message') or event}\n")
+                log_file.write(logs.event_line(event) + "\n")
                 log_file.flush()
 
         return on_event

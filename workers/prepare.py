@@ -32,7 +32,7 @@ from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings, redact_text
 from workers import command_runs
-from workers.launcher import confine, guard, runtime, venv
+from workers.launcher import confine, guard, runtime, venv, venv_progress
 from workers.launcher.launch import LaunchSpec
 from workers.reaper import ring_cycle
 
@@ -142,7 +142,8 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         # Kept out of the export before any project code (the guard) runs in it.
         shutil.copyfile(tree / project_config.CONFIG_FILE, paths.launch_config(settings, job_id))
         experiment = cfg.experiment(source.experiment)
-        env = venv_for_job(settings, source.project, requirements(cfg))
+        progress = _venv_progress(stores, settings, job_id, host)
+        env = venv_for_job(settings, source.project, requirements(cfg), progress)
         if experiment.kind == "harness":
             _guard(settings, job_id, cfg, tree, env, source.experiment)
         if experiment.kind == "command" or source.head_vs_base:
@@ -174,6 +175,22 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
             ring_cycle(settings, stores, job_id)
         return False
     return _ready(stores, settings, job_id, host, tree, env, source.queue)
+
+
+def _venv_progress(stores: Stores, settings: Settings, job_id: int, host: str) -> venv.Progress:
+    """A venv build's progress, summarised: a line in the job's log on this host (the log its
+    run appends to) and this host's preparation row (what the queue page shows)."""
+
+    def emit(status: venv_progress.BuildStatus) -> None:
+        try:
+            with open(paths.log_path(settings, job_id), "a", encoding="utf-8") as log_file:
+                log_file.write(f"[venv] {status.line()}\n")
+            with stores.ops_session() as session:
+                preparation.record_venv_progress(session, job_id, host, status.as_dict())
+        except Exception:  # progress is advisory: a failure to show it never fails the build
+            log.warning("job %s: venv progress not recorded", job_id, exc_info=True)
+
+    return venv_progress.BuildSummary(emit)
 
 
 def _guard(
@@ -219,7 +236,12 @@ def _ready(
 ) -> bool:
     with stores.ops_session() as session:
         ready = preparation.preparation_ready(
-            session, job_id, host, workdir=str(tree), venv_path=str(env.path)
+            session,
+            job_id,
+            host,
+            workdir=str(tree),
+            venv_path=str(env.path),
+            environment=env.environment(),
         )
     if ready:
         broker.ring_gpu(settings, queue)  # an idle worker of this host may take it now
@@ -274,13 +296,19 @@ def control_auth(settings: Settings, url: str) -> dict[str, str]:
     }
 
 
-def venv_for_job(settings: Settings, project: str, requirements: list[str]) -> venv.Venv:
+def venv_for_job(
+    settings: Settings,
+    project: str,
+    requirements: list[str],
+    progress: venv.Progress | None = None,
+) -> venv.Venv:
     return venv.ensure_venv(
         venvs_root(settings),
         project,
         requirements,
         system_site_packages=settings.venv_system_site_packages,
         sandboxed=settings.sandbox == "on",
+        progress=progress,
     )
 
 

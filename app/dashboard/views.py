@@ -18,7 +18,7 @@ from app.db import Stores
 from app.errors import AutopilotError
 from app.forge.base import ProjectRef, PullRequest
 from app.forge.local import LocalForge
-from app.jobs import figures
+from app.jobs import figures, preparation
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.memory import service as memory
@@ -259,6 +259,7 @@ class QueuePage:
     workers: Sequence[Any]
     budgets: list[BudgetRow]
     projects: dict[int, str]
+    building: dict[int, str]  # job id -> "building venv: 37 packages, 12 s"
 
 
 def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
@@ -277,6 +278,9 @@ def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
             workers=list(jobs.list_workers(session)),
             budgets=budgets(session, settings),
             projects=ops.project_names(session),
+            building=preparation.building_venvs(
+                session, [j.id for q in waiting.values() for j in q if j.state == "queued"]
+            ),
         )
         session.expunge_all()
     return page

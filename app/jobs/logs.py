@@ -12,10 +12,10 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-from collections.abc import AsyncIterable, Iterator
+from collections.abc import AsyncIterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from anyio import to_thread
 
@@ -264,3 +264,16 @@ async def receive_upload(
         upload.discard()
     await to_thread.run_sync(_record_upload, stores, job_id, target)
     return upload.size
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """How an experiment's `log` or `progress` event reads in its job log. The harness's
+    progress (`{"type": "progress", "stage": "timing", "done": 12, "total": 30}`, one per timing
+    round) reads "[progress] run 12/30 (timing)"; another shape is shown as it came."""
+    kind = event.get("type")
+    if kind == "progress":
+        done, total = event.get("done"), event.get("total")
+        if isinstance(done, int) and isinstance(total, int):
+            stage = event.get("stage")
+            return f"[progress] run {done}/{total}" + (f" ({stage})" if stage else "")
+    return f"[{kind}] {event.get('message') or dict(event)}"

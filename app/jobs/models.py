@@ -58,6 +58,8 @@ class Job(OpsBase):
     # Where it ran: the leasing host's clean export and venv (copied from its preparation).
     workdir: Mapped[str | None] = mapped_column(String(1024))
     venv_path: Mapped[str | None] = mapped_column(String(1024))
+    # Its environment record: the venv's key, installer and lock (`Venv.environment`).
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     result_path: Mapped[str | None] = mapped_column(String(1024))
     log_path: Mapped[str | None] = mapped_column(String(1024))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -69,6 +71,11 @@ class Job(OpsBase):
     # The last lines of the job's log, kept by its worker while it runs (the whole log is
     # uploaded to the control host when it ends).
     log_tail: Mapped[str | None] = mapped_column(Text)
+
+    def take_preparation(self, prepared: JobPreparation) -> None:
+        """Run where this host prepared it: its export, its venv and that venv's record."""
+        self.workdir, self.venv_path = prepared.workdir, prepared.venv_path
+        self.environment = prepared.environment
 
 
 class JobPreparation(OpsBase):
@@ -84,6 +91,9 @@ class JobPreparation(OpsBase):
     state: Mapped[str] = mapped_column(String(16), default="preparing")  # PREPARATION_STATES
     workdir: Mapped[str | None] = mapped_column(String(1024))
     venv_path: Mapped[str | None] = mapped_column(String(1024))
+    # While its venv builds, the build's progress ({"state": "building", "packages", ...}); once
+    # ready, the environment record the job takes when this host leases it.
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -63,14 +64,22 @@ def claim_preparation(
 
 
 def preparation_ready(
-    session: Session, job_id: int, host: str, *, workdir: str, venv_path: str
+    session: Session,
+    job_id: int,
+    host: str,
+    *,
+    workdir: str,
+    venv_path: str,
+    environment: dict[str, Any] | None = None,
 ) -> bool:
-    """Record this host's finished preparation; True when the job still waits to be leased."""
+    """Record this host's finished preparation, with the environment record of its venv (the
+    job takes it when this host leases it); True when the job still waits to be leased."""
     row = repo.preparation(session, job_id, host)
     if row is None:
         row = JobPreparation(job_id=job_id, host=host)
         repo.add(session, row)
     row.state, row.workdir, row.venv_path = "ready", workdir, venv_path
+    row.environment = environment
     row.error, row.finished_at = None, utcnow()
     job = repo.get(session, job_id)
     if job is None or job.state != "queued":
@@ -80,6 +89,35 @@ def preparation_ready(
         job.prepared_at = row.finished_at
     session.flush()
     return True
+
+
+def record_venv_progress(
+    session: Session, job_id: int, host: str, progress: dict[str, Any]
+) -> None:
+    """This host's venv build progress for the job (`{"state": "building", "packages": 37,
+    "elapsed_s": 12.0, ...}`), shown on the queue page while the job waits for it."""
+    row = repo.preparation(session, job_id, host)
+    if row is not None and row.state == "preparing":
+        row.environment = progress
+        session.flush()
+
+
+def building_venvs(session: Session, job_ids: Sequence[int]) -> dict[int, str]:
+    """Per job, a line on its venv build in progress on some host ("building venv: 37
+    packages, 12 s"); jobs with none are left out."""
+    lines: dict[int, str] = {}
+    for row in repo.preparations_in_progress(session, job_ids):
+        env = row.environment or {}
+        if env.get("state") == "building":
+            lines[row.job_id] = venv_progress_line(env)
+    return lines
+
+
+def venv_progress_line(progress: dict[str, Any]) -> str:
+    """One venv build's progress as the job's log and the queue page show it."""
+    verb = "built" if progress.get("state") == "built" else "building"
+    packages, elapsed = progress.get("packages", 0), float(progress.get("elapsed_s", 0.0))
+    return f"{verb} venv: {packages} packages, {elapsed:.0f} s"
 
 
 def preparation_failed(

@@ -107,6 +107,17 @@ def preparations(session: Session, job_id: int) -> Sequence[JobPreparation]:
     ).all()
 
 
+def preparations_in_progress(session: Session, job_ids: Sequence[int]) -> Sequence[JobPreparation]:
+    """The preparations still running of these jobs, on any host."""
+    if not job_ids:
+        return []
+    return session.scalars(
+        select(JobPreparation)
+        .where(JobPreparation.job_id.in_(list(job_ids)), JobPreparation.state == "preparing")
+        .order_by(JobPreparation.id)
+    ).all()
+
+
 def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequence[int]:
     """Queued jobs of `queue` that `host` has neither prepared nor failed, oldest first (one
     being prepared there is included: its preparer may have died, and the host's lock tells)."""

@@ -47,6 +47,11 @@ class JobOut(BaseModel):
     head_sha: str | None = None
     base_sha: str | None = None
     result: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = Field(
+        default=None,
+        description="Where it ran: its venv's key, installer (uv or pip) and lock (`uv pip "
+        "freeze` of the venv's own packages), as the host that ran it prepared it",
+    )
 
 
 class JobLogStored(BaseModel):

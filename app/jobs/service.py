@@ -264,7 +264,7 @@ def add_lease(
     export and venv."""
     prepared = repo.preparation(session, job.id, host)
     if prepared is not None:
-        job.workdir, job.venv_path = prepared.workdir, prepared.venv_path
+        job.take_preparation(prepared)
     now = utcnow()
     lease = Lease(
         job_id=job.id,

@@ -1,7 +1,10 @@
-"""Project virtualenvs: built once per (project, requirements hash, Python), reused after.
+"""Project virtualenvs: built once per (project, requirements and their content, Python),
+reused after; how one is built is `venv_build`'s.
 
 Venvs are not relocatable, so each one is built in its final place under `<state>/venvs/`,
-behind a file lock, and only counts as built once its completion marker exists.
+behind a file lock, and only counts as built once its completion marker exists. The marker
+records how it was built and its lock (`uv pip freeze`), which a job's environment record
+carries.
 """
 
 from __future__ import annotations
@@ -16,60 +19,43 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any
 
-from app import sandbox
+from workers.launcher.venv_build import (
+    BUILD_ENV_ALLOWED,
+    PARENT_VENV_PTH,
+    REQUIREMENTS_FILE,
+    SOURCE_IGNORED,
+    Progress,
+    VenvError,
+    build,
+    build_env,
+    refuse_pip_options,
+)
+
+__all__ = [
+    "BUILD_ENV_ALLOWED",
+    "COMPLETE_MARKER",
+    "PARENT_VENV_PTH",
+    "REQUIREMENTS_FILE",
+    "Progress",
+    "Venv",
+    "VenvError",
+    "build_env",
+    "ensure_venv",
+    "inherited_site_dirs",
+    "interpreter_path",
+    "refuse_pip_options",
+    "requirements_hash",
+    "venv_dir",
+]
 
 COMPLETE_MARKER = ".autopilot-complete"
-REQUIREMENTS_FILE = "autopilot-requirements.txt"
-BUILD_LOG = "autopilot-build.log"
 _PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-#: Shared by the builds under one state dir: downloads and built wheels only, no secrets.
-PIP_CACHE_DIR = ".pip-cache"
-
-#: The only variables of the worker's environment a venv build's subprocesses (`python -m venv`,
-#: pip, and the package builds pip runs, i.e. any setup.py of any requirement) get: the worker
-#: holds tokens and database URLs with passwords that none of them needs. HOME is set apart,
-#: to a private folder of the build; what pip needs from the operator (a mirror, its
-#: certificates, a proxy) is here, by name. A pattern may end in '*'.
-BUILD_ENV_ALLOWED: tuple[str, ...] = (
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "LC_*",
-    "TZ",
-    "PIP_INDEX_URL",
-    "PIP_EXTRA_INDEX_URL",
-    "PIP_TRUSTED_HOST",
-    "PIP_FIND_LINKS",
-    "PIP_NO_INDEX",
-    "PIP_CERT",
-    "PIP_DISABLE_PIP_VERSION_CHECK",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-)
-# A pip option, at a line's start or after whitespace (`pkg --config-settings=...`).
-_PIP_OPTION = re.compile(r"(?:^|\s)-")
-
-#: Called with (phase, line) while a venv builds: phases are "lock", "create", "install",
-#: "done"; `line` is one line of the tool's output or a short status.
-Progress = Callable[[str, str], None]
-
-
-class VenvError(Exception):
-    """A venv is missing, not a venv, or could not be built; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -80,14 +66,53 @@ class Venv:
     python_version: str
     built: bool  # True when this call built it, False when an existing one was reused
     log_path: Path
+    #: How it was built, as its completion marker records it (installer, lock, build time).
+    marker: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def environment(self) -> dict[str, Any]:
+        """The job's environment record: which venv, how it was built, and its lock."""
+        return {
+            "venv": str(self.path),
+            "key": self.requirements_hash,
+            "python": self.python_version,
+            "built_now": self.built,
+            "installer": self.marker.get("installer"),
+            "inherits_host_packages": self.marker.get("system_site_packages"),
+            "build_s": self.marker.get("build_s"),
+            "lock": self.marker.get("lock"),
+        }
 
 
 def requirements_hash(requirements: Sequence[str]) -> str:
-    """Hash of the requirement lines, ignoring blank lines, comments and order."""
+    """The venv's key: a hash of the requirement lines, ignoring blank lines, comments and
+    order, where a local source folder (the harness) counts by its content, not its path: a
+    change to the harness makes new venvs, a move of the checkout does not."""
     lines = sorted(
-        {line.strip() for line in requirements if line.strip() and not line.strip().startswith("#")}
+        {
+            _content_line(line.strip())
+            for line in requirements
+            if line.strip() and not line.strip().startswith("#")
+        }
     )
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _content_line(line: str) -> str:
+    folder = Path(line)
+    if not (folder.is_absolute() and folder.is_dir()):
+        return line
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not _ignored(d))
+        for name in sorted(f for f in files if not _ignored(f)):
+            path = Path(root, name)
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return f"local folder sha256:{digest.hexdigest()}"
+
+
+def _ignored(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in SOURCE_IGNORED)
 
 
 def interpreter_path(venv: str | os.PathLike[str]) -> Path:
@@ -107,44 +132,6 @@ def interpreter_path(venv: str | os.PathLike[str]) -> Path:
     if not os.path.exists(python):
         raise VenvError(f"venv {root} has no bin/python; rebuild it (delete it and launch again)")
     return Path(python)
-
-
-def build_env(
-    home: str | os.PathLike[str], base: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The environment of a venv build's subprocesses: `BUILD_ENV_ALLOWED` out of `base` (the
-    worker's environment), HOME set to `home`."""
-    source = os.environ if base is None else base
-    env = {
-        name: value
-        for name, value in source.items()
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in BUILD_ENV_ALLOWED)
-    }
-    env["HOME"] = os.fspath(home)
-    return env
-
-
-def refuse_pip_options(requirements: Sequence[str]) -> None:
-    """VenvError naming the first line that is not a plain requirement for a requirements file.
-
-    `autopilot.toml` is checked when it is parsed (app.projects.config.check_requirement);
-    this is the second line of defence, on the very lines pip will read: no pip option
-    (`--index-url`, `-r`, `-e`, `pkg --config-settings=...`, `--hash` too), no `${VAR}` that pip
-    would expand from its environment, no line break or trailing backslash that would make
-    one line two or join two. A local folder (the harness, an absolute path) passes here.
-    """
-    for line in requirements:
-        if (
-            _PIP_OPTION.search(line)
-            or "${" in line
-            or any(ch in line for ch in "\r\n\0")
-            or line.rstrip().endswith("\\")
-        ):
-            raise VenvError(
-                f"requirement line {line!r} is or carries a pip option (or a ${{VAR}}, or a "
-                "line break): only requirements are installed; a package index or mirror is "
-                "declared through PIP_INDEX_URL in the worker's environment"
-            )
 
 
 def venv_dir(state_dir: Path, project: str, req_hash: str, python_version: str) -> Path:
@@ -185,9 +172,10 @@ def ensure_venv(
 ) -> Venv:
     """Return the project's venv for these requirements, building it first if needed.
 
-    With `sandboxed`, `python -m venv` and pip (and every package build it runs: a setup.py is
-    code from the registry) run under bubblewrap in a cgroup of their own, seeing only the venv
-    being built, the build's home, pip's cache and the interpreter (`app.sandbox`).
+    With `sandboxed`, uv (or `python -m venv` and pip), and every package build it runs (a
+    setup.py is code from the registry), run under bubblewrap in a cgroup of their own, seeing
+    only the venv being built, the build's home, the installers' caches, the interpreter and
+    the uv binary (`app.sandbox`).
 
     Two workers asking for the same venv serialise on a lock file; the second one finds
     the completion marker and reuses the venv. A directory without the marker is a build
@@ -208,19 +196,28 @@ def ensure_venv(
             fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / COMPLETE_MARKER).is_file():
             report("done", f"reusing {target}")
-            return Venv(target, interpreter_path(target), req_hash, version, False, log_path)
+            return Venv(
+                target,
+                interpreter_path(target),
+                req_hash,
+                version,
+                False,
+                log_path,
+                _marker(target),
+            )
         if target.exists():
             report("create", f"removing half-built {target}")
             shutil.rmtree(target)
-        inherited = _build(
+        started = time.monotonic()
+        made = build(
             target,
             requirements,
-            system_site_packages,
-            base_python,
-            log_path,
-            report,
-            install_timeout_s,
-            sandboxed,
+            system_site_packages=system_site_packages,
+            base_python=base_python,
+            log_path=log_path,
+            report=report,
+            install_timeout_s=install_timeout_s,
+            sandboxed=sandboxed,
         )
         marker = {
             "requirements_hash": req_hash,
@@ -228,123 +225,40 @@ def ensure_venv(
             "system_site_packages": system_site_packages,
             # Read by the sandbox (what it binds), never from the venv's own .pth or
             # pyvenv.cfg: a requirement's build could rewrite those.
-            "inherited_site_dirs": inherited,
+            "inherited_site_dirs": made.inherited_site_dirs,
+            "installer": made.installer,
+            "lock": made.lock,
+            "build_s": round(time.monotonic() - started, 3),
             "built_at": time.time(),
         }
-        tmp = target / f"{COMPLETE_MARKER}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()  # never written through a link the build left there
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(marker))
-        os.replace(tmp, target / COMPLETE_MARKER)  # written last: only now is the venv usable
+        _write_marker(target, marker)
         report("done", f"built {target}")
-        return Venv(target, interpreter_path(target), req_hash, version, True, log_path)
+        return Venv(target, interpreter_path(target), req_hash, version, True, log_path, marker)
 
 
-def _build(
-    target: Path,
-    requirements: Sequence[str],
-    system_site_packages: bool,
-    base_python: str,
-    log_path: Path,
-    report: Progress,
-    install_timeout_s: float,
-    sandboxed: bool,
-) -> list[str]:
-    wanted = [r.strip() for r in requirements if r.strip() and not r.strip().startswith("#")]
-    refuse_pip_options(wanted)  # before anything is built: these are the lines pip will read
-    home = target.parent / f"{target.name}.home"
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(mode=0o700)
-    cache = target.parent / PIP_CACHE_DIR
-    cache.mkdir(exist_ok=True)
-    target.mkdir()
-    env = build_env(home) | {"PIP_CACHE_DIR": str(cache)}
-    confine = (
-        sandbox.Policy(
-            cwd=home,
-            env=env,
-            writable=[target, home, cache],
-            read_only=_interpreter_paths(base_python),
-            network=True,  # pip reaches the package index
-        )
-        if sandboxed
-        else None
-    )
+def _write_marker(target: Path, marker: dict[str, Any]) -> None:
+    tmp = target / f"{COMPLETE_MARKER}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # never written through a link the build left there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(marker))
+    os.replace(tmp, target / COMPLETE_MARKER)  # written last: only now is the venv usable
+
+
+def _marker(venv: Path) -> dict[str, Any]:
+    """The venv's completion marker, or {} when it is missing or unreadable (never followed
+    through a link: the build could have left one)."""
     try:
-        return _create_and_install(
-            target,
-            wanted,
-            system_site_packages,
-            base_python,
-            log_path,
-            report,
-            install_timeout_s,
-            env,
-            confine,
+        fd = os.open(
+            Path(os.path.abspath(venv)) / COMPLETE_MARKER,
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
         )
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def _create_and_install(
-    target: Path,
-    wanted: list[str],
-    system_site_packages: bool,
-    base_python: str,
-    log_path: Path,
-    report: Progress,
-    install_timeout_s: float,
-    env: dict[str, str],
-    confine: sandbox.Policy | None,
-) -> list[str]:
-    create = [base_python, "-m", "venv"]
-    if system_site_packages:
-        create.append("--system-site-packages")
-    if not wanted:
-        create.append("--without-pip")  # nothing to install: skip the slow ensurepip step
-    create.append(str(target))
-    with open(log_path, "w", encoding="utf-8") as log:
-        _run_logged(create, log, report, "create", 600.0, env, confine)
-        inherited = _inherit_parent_venv(target, base_python, env) if system_site_packages else []
-        if not wanted:
-            return inherited
-        req_file = target / REQUIREMENTS_FILE
-        req_file.write_text("\n".join(_private_sources(wanted, target / "src")) + "\n")
-        install = [
-            str(target / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "-r",
-            str(req_file),
-        ]
-        _run_logged(install, log, report, "install", install_timeout_s, env, confine)
-    return inherited
-
-
-def _private_sources(requirements: Sequence[str], into: Path) -> list[str]:
-    """Requirements that name a local source folder (the harness) are installed from a private
-    copy: pip's setuptools build writes `build/` and `*.egg-info` into the folder it builds, and
-    two venvs built at once from one folder (two projects, two GPU workers of a host) corrupt
-    each other's build."""
-    out: list[str] = []
-    for line in requirements:
-        folder = Path(line)
-        if folder.is_absolute() and folder.is_dir():
-            copy = into / f"{len(out)}-{folder.name}"
-            shutil.copytree(
-                folder, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
-            )
-            line = str(copy)
-        out.append(line)
-    return out
-
-
-#: Written into a venv built with system site packages over a base that is itself a venv.
-PARENT_VENV_PTH = "_autopilot_parent_venv.pth"
+        with os.fdopen(fd) as handle:
+            marker = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
 
 
 def inherited_site_dirs(venv: Path) -> list[str]:
@@ -352,17 +266,9 @@ def inherited_site_dirs(venv: Path) -> list[str]:
     site packages, in effect), or none: as the build recorded them in its completion marker,
     from the trusted base interpreter (a requirement's build could rewrite the venv's .pth).
     A venv built before the marker held them is read the old way."""
-    try:
-        fd = os.open(
-            Path(os.path.abspath(venv)) / COMPLETE_MARKER,
-            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
-        )
-        with os.fdopen(fd) as handle:
-            recorded = json.loads(handle.read(1 << 20)).get("inherited_site_dirs")
-        if isinstance(recorded, list):
-            return [d for d in recorded if isinstance(d, str) and d.startswith("/")]
-    except (OSError, ValueError, AttributeError):
-        pass
+    recorded = _marker(venv).get("inherited_site_dirs")
+    if isinstance(recorded, list):
+        return [d for d in recorded if isinstance(d, str) and d.startswith("/")]
     dirs: list[str] = []
     try:
         cfg = (Path(os.path.abspath(venv)) / "pyvenv.cfg").read_text()
@@ -377,116 +283,3 @@ def inherited_site_dirs(venv: Path) -> list[str]:
     for pth in lib.glob(f"python*/site-packages/{PARENT_VENV_PTH}"):
         dirs += [line for line in pth.read_text().splitlines() if line.startswith("/")]
     return dirs
-
-
-def _inherit_parent_venv(target: Path, base_python: str, env: dict[str, str]) -> list[str]:
-    """`--system-site-packages` exposes the *base* interpreter's packages. When the base is
-    itself a venv (the service's, holding torch), a .pth file adds that venv's site-packages
-    too, after the new venv's own, so "reuse the installed torch" means what it says."""
-    probe = subprocess.run(  # noqa: S603 - the configured base interpreter, fixed argv
-        [
-            base_python,
-            "-c",
-            "import site, sys; print(sys.prefix != sys.base_prefix); "
-            "print('\\n'.join(site.getsitepackages()))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env=env,
-    )
-    first, *paths = probe.stdout.splitlines()
-    if first != "True" or not paths:
-        return []
-    for site_dir in (target / "lib").glob("python*/site-packages"):
-        (site_dir / PARENT_VENV_PTH).write_text("\n".join(paths) + "\n")
-    return paths
-
-
-def _interpreter_paths(base_python: str) -> list[Path]:
-    """What a sandboxed build must read of the base interpreter: the venv it lives in when it
-    is one (the service's, say) and that venv's own base (in the system paths)."""
-    prefix = Path(os.path.abspath(base_python)).parent.parent
-    return [prefix] if (prefix / "pyvenv.cfg").is_file() else []
-
-
-def _run_logged(
-    argv: list[str],
-    log: TextIO,
-    report: Progress,
-    phase: str,
-    timeout_s: float,
-    env: dict[str, str],
-    confine: sandbox.Policy | None = None,
-) -> None:
-    log.write(f"$ {' '.join(argv)}\n")
-    report(phase, " ".join(argv))
-    with contextlib.ExitStack() as stack:
-        cgroup = (
-            stack.enter_context(
-                sandbox.Cgroup.create(f"venv-{os.getpid()}-{threading.get_ident()}-{phase}")
-            )
-            if confine is not None
-            else None
-        )
-        _run_pumped(
-            sandbox.command(argv, confine) if confine is not None else argv,
-            {} if confine is not None else env,
-            cgroup,
-            log,
-            report,
-            phase,
-            timeout_s,
-            " ".join(argv),
-        )
-
-
-def _run_pumped(
-    args: list[str],
-    env: dict[str, str],
-    cgroup: sandbox.Cgroup | None,
-    log: TextIO,
-    report: Progress,
-    phase: str,
-    timeout_s: float,
-    shown: str,
-) -> None:
-    proc = subprocess.Popen(  # noqa: S603 - argv built here, never a shell
-        args,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        env=env,
-        preexec_fn=cgroup.preexec() if cgroup is not None else None,  # noqa: PLW1509
-    )
-    tail: list[str] = []
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            report(phase, line.rstrip("\n"))
-            tail.append(line.rstrip("\n"))
-            del tail[:-10]
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise VenvError(
-            f"venv {phase} step ran past {timeout_s:.0f} s and was killed: {shown}; see {log.name}"
-        ) from None
-    reader.join(timeout=10)
-    if code != 0:
-        raise VenvError(
-            f"venv {phase} step failed (exit {code}): {shown}\n"
-            + "\n".join(tail)
-            + f"\nfull log: {log.name}"
-        )

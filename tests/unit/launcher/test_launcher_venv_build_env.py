@@ -66,3 +66,16 @@ def test_requirements_and_local_folders_pass() -> None:
     refuse_pip_options(
         ["numpy>=1.26", 'torch==2.3.* ; platform_machine == "x86_64"', "/srv/autopilot/harness"]
     )
+
+
+def test_uvs_own_mirror_settings_pass_its_cache_and_config_do_not() -> None:
+    worker = {
+        "UV_DEFAULT_INDEX": "https://mirror.lab/simple",
+        "UV_CACHE_DIR": "/home/worker/.cache/uv",  # the build's cache is the state dir's
+        "UV_CONFIG_FILE": "/home/worker/uv.toml",
+        "UV_PUBLISH_TOKEN": "pypi-secret",
+    }
+    assert build_env("/h", worker) == {
+        "UV_DEFAULT_INDEX": "https://mirror.lab/simple",
+        "HOME": "/h",
+    }
