@@ -13,7 +13,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    SettingsConfigDict,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -50,6 +55,11 @@ class Settings(BaseSettings):
     )
     control_token: SecretStr | None = Field(
         default=None, description="A GPU host's token (scope worker) for the control host's API."
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="A person's token for the CLI's remote commands (`autopilot --api URL`); "
+        "`autopilot login` keeps one in the CLI's config file instead.",
     )
     session_secret: SecretStr | None = Field(
         default=None, description="Signs dashboard cookies; generated in the state dir if unset."
@@ -166,15 +176,9 @@ class Settings(BaseSettings):
     @field_validator("control_url")
     @classmethod
     def _control_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        if not value:
-            return value  # filled in from host and port below
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("expected the API's base URL, e.g. http://control.lab:8000")
-        if parts.username or parts.password:
-            raise ValueError("must not hold credentials; the token is AUTOPILOT_CONTROL_TOKEN")
-        return value
+        if not value.strip():
+            return ""  # filled in from host and port below
+        return check_control_url(value)
 
     @model_validator(mode="after")
     def _default_control_url(self) -> Settings:
@@ -242,6 +246,28 @@ class Settings(BaseSettings):
         shown["memory_url"] = redact_url(self.memory_database_url)
         shown["ops_url"] = redact_url(self.ops_database_url)
         return shown
+
+
+def check_control_url(value: str) -> str:
+    """The API's base URL, as `http(s)://host[:port]` without a trailing slash; ValueError
+    naming the expected form otherwise. A token never rides in it."""
+    value = value.strip().rstrip("/")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected the API's base URL, e.g. http://control.lab:8000")
+    if parts.username or parts.password:
+        raise ValueError(
+            "must not hold credentials; a token is given on its own (AUTOPILOT_CONTROL_TOKEN "
+            "on a GPU host; AUTOPILOT_TOKEN or `autopilot login` for the CLI)"
+        )
+    return value
+
+
+def given_settings() -> dict[str, str]:
+    """The settings this host sets itself (not defaults), each with where: env or .env file."""
+    given = {name: "the .env file" for name in DotEnvSettingsSource(Settings)()}
+    given.update({name: "the environment" for name in EnvSettingsSource(Settings)()})
+    return given
 
 
 # `scheme://userinfo@`: the userinfo runs to the authority's last '@' (a password may hold an

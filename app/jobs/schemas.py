@@ -47,6 +47,7 @@ class JobOut(BaseModel):
     head_sha: str | None = None
     base_sha: str | None = None
     result: dict[str, Any] | None = None
+    project: str | None = Field(default=None, description="The project's name (in lists)")
 
 
 class JobLogStored(BaseModel):
