@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -37,17 +36,21 @@ def load_settings() -> Settings:
         raise typer.Exit(2) from None
 
 
-# Where the root command keeps its `--api` and `--token` for the command it runs (click's
-# `meta` is shared by a context and every context nested in it).
-GLOBAL_FLAGS = "autopilot.flags"
+# The root command's `--api` and `--token` for the command it runs. A module's state, not the
+# click context's: typer runs commands on its own copy of click, whose context is not public.
+# One process runs one command; the root sets both on every run, so nothing carries over.
+_GLOBAL_FLAGS: dict[str, str | None] = {}
+
+
+def set_global_flags(api: str | None, token: str | None) -> None:
+    _GLOBAL_FLAGS.clear()
+    _GLOBAL_FLAGS.update(api=api, token=token)
 
 
 def global_flags() -> dict[str, str | None]:
     """`{"api": ..., "token": ...}` as given to the root command; empty when a command runs
     without it (a test invoking a sub-command)."""
-    ctx = click.get_current_context(silent=True)
-    flags: dict[str, str | None] = ctx.meta.get(GLOBAL_FLAGS, {}) if ctx else {}
-    return flags
+    return dict(_GLOBAL_FLAGS)
 
 
 def open_stores(settings: Settings | None = None) -> Stores:
@@ -86,7 +89,9 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], empty:
         table.add_column(title, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(value(row)) for _, value in columns))
-    console.print(table)
+    with console.capture() as captured:
+        console.print(table)
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def _cell(value: Any) -> Text:

@@ -16,7 +16,7 @@ from app import migrate
 from app.api.main import create_app
 from app.cli import failures
 from app.cli.agents import agent_app
-from app.cli.common import GLOBAL_FLAGS, echo_json, load_settings
+from app.cli.common import echo_json, load_settings, set_global_flags
 from app.cli.cycles import cycle_app
 from app.cli.jobs import job_app
 from app.cli.login import login_command, logout_command
@@ -57,7 +57,6 @@ def _print_version(given: bool) -> None:
 
 @cli.callback()
 def root(
-    ctx: typer.Context,
     api: Annotated[
         str | None,
         typer.Option(
@@ -83,7 +82,7 @@ def root(
     ] = False,
 ) -> None:
     """Research Autopilot: autonomous research cycles on GPU and ML-systems code."""
-    ctx.meta[GLOBAL_FLAGS] = {"api": api, "token": token}
+    set_global_flags(api, token)
 
 
 @cli.command()
