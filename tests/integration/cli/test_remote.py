@@ -68,11 +68,17 @@ class Control:
 
 @pytest.fixture
 def control(settings: Settings, stores: Stores) -> Iterator[Control]:
-    """The control host: migrated stores with a project, a job with a log and a finding, its
+    """The control host: migrated stores with a project, a finished job with a log and a finding, its
     API served on loopback."""
     with stores.ops_session() as session:
         project = ops.create_project(session, ProjectCreate(name="lab", repo_url="/srv/lab"))
-        job = Job(project_id=project.id, experiment="probe", queue="gpu.cpu", log_tail=LOG)
+        job = Job(
+            project_id=project.id,
+            experiment="probe",
+            queue="gpu.cpu",
+            state="succeeded",
+            log_tail=LOG,
+        )
         session.add(job)
         session.flush()
         job_id = job.id
@@ -127,6 +133,8 @@ def test_read_and_trigger_commands_go_through_the_api(control: Control, laptop: 
     jobs = json.loads(cli("job", "list", "--json").stdout)
     assert [(j["id"], j["project"]) for j in jobs] == [(control.job_id, "lab")]
     assert cli("job", "logs", str(control.job_id)).stdout == LOG
+    followed = cli("job", "logs", str(control.job_id), "--follow")  # server-sent events
+    assert followed.stdout == LOG and f"job {control.job_id} succeeded" in followed.stderr
 
     page = json.loads(cli("memory", "search", "clock", "--json").stdout)
     assert [f["id"] for f in page["items"]] == [control.finding_id]
