@@ -53,14 +53,19 @@ def global_flags() -> dict[str, str | None]:
     return dict(_GLOBAL_FLAGS)
 
 
-def open_stores(settings: Settings | None = None) -> Stores:
-    """This host's stores. A command that has no remote form refuses an explicit `--api`
-    rather than silently acting on the local stores."""
+def refuse_api() -> None:
+    """A command that has no remote form refuses an explicit `--api` rather than silently
+    acting on this host's stores."""
     if global_flags().get("api"):
         fail(
             "this command works on the control host's stores and has no --api form: run it "
             "there, without --api"
         )
+
+
+def open_stores(settings: Settings | None = None) -> Stores:
+    """This host's stores (see `refuse_api`)."""
+    refuse_api()
     return Stores.from_settings(settings or load_settings())
 
 

@@ -16,6 +16,7 @@ import typer
 from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from app.client import ApiRefused, ApiUnreachable
+from app.errors import AutopilotError
 from app.settings import redact_text
 
 OPERATIONAL = 2
@@ -48,6 +49,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
             "`autopilot serve` runs there",
             OPERATIONAL,
         )
+    if isinstance(exc, AutopilotError):  # a service's refusal no command caught itself
+        return for_cli(exc.detail), OPERATIONAL if exc.status < 500 else UNEXPECTED
     if isinstance(exc, ApiRefused):
         return _refused(exc), OPERATIONAL if exc.status < 500 else UNEXPECTED
     if isinstance(exc, SQLAlchemyError):

@@ -27,7 +27,10 @@ def login_command(
     ] = None,
 ) -> None:
     """Check a token against the control host's API and save both for later commands."""
-    url = check_url(api or global_flags().get("api") or "", "--api")
+    given = api or global_flags().get("api")
+    if not given:
+        fail("--api is missing: the control host's API, e.g. --api http://control.lab:8000")
+    url = check_url(given, "--api")
     secret = (token or global_flags().get("token") or _read_token()).strip()
     if not secret:
         fail("no token given: pass --token, pipe it on stdin or type it at the prompt")

@@ -16,7 +16,7 @@ from app import migrate
 from app.api.main import create_app
 from app.cli import failures
 from app.cli.agents import agent_app
-from app.cli.common import echo_json, load_settings, set_global_flags
+from app.cli.common import echo_json, load_settings, refuse_api, set_global_flags
 from app.cli.cycles import cycle_app
 from app.cli.jobs import job_app
 from app.cli.login import login_command, logout_command
@@ -109,6 +109,7 @@ def serve(
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision")] = "head") -> None:
     """Bring both stores to the latest schema (creates the SQLite files if needed)."""
+    refuse_api()
     settings = load_settings()
     migrate.upgrade(settings, revision)
     typer.echo(f"memory and ops stores at {revision}")
@@ -119,6 +120,7 @@ def db_downgrade(
     revision: Annotated[str, typer.Option(help="Target revision of each store, or 'base'")] = "-1",
 ) -> None:
     """Step both stores back (default: one revision each). 'base' drops every table."""
+    refuse_api()
     migrate.downgrade(load_settings(), revision)
     typer.echo(f"memory and ops stores downgraded to {revision}")
 
