@@ -7,8 +7,12 @@ consuming app from the same configuration. A message is a doorbell: the ops DB h
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +21,20 @@ from kombu import Queue  # type: ignore[attr-defined]
 
 from app.settings import Settings
 
+log = logging.getLogger(__name__)
+
 RUN_JOBS = "autopilot.run_jobs"
 REAP = "autopilot.reap"
 ADVANCE_CYCLE = "autopilot.advance_cycle"
+ADVANCE_CYCLES = "autopilot.advance_cycles"
 MERGE_CYCLE = "autopilot.merge_cycle"
 SCHEDULE_TICK = "autopilot.schedule_tick"
 
 # A doorbell that waited this long is dropped by the worker; the reaper rings again if the job
 # still needs it, so nothing is lost and stale doorbells do not pile up.
 DOORBELL_EXPIRES_S = 3600
+# New cycles' advance doorbells sent together at most this often (see `Coalescer`).
+DOORBELL_WINDOW_S = 0.02
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -63,6 +72,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_routes": {
             REAP: {"queue": "control"},
             ADVANCE_CYCLE: {"queue": "control"},
+            ADVANCE_CYCLES: {"queue": "control"},
             MERGE_CYCLE: {"queue": "control"},
             SCHEDULE_TICK: {"queue": "control"},
             # RUN_JOBS is sent to the job's own gpu.<kind> queue explicitly.
@@ -152,3 +162,75 @@ def ring_merge(settings: Settings, cycle_id: int) -> None:
     client(settings).send_task(
         MERGE_CYCLE, args=[cycle_id], queue="control", expires=DOORBELL_EXPIRES_S
     )
+
+
+def ring_advance_many(settings: Settings, cycle_ids: list[int]) -> None:
+    """One doorbell for several cycles: the control worker rings each one's own (so they still
+    advance in parallel); a single cycle gets its own doorbell straight away."""
+    if len(cycle_ids) == 1:
+        ring_advance(settings, cycle_ids[0])
+    elif cycle_ids:
+        client(settings).send_task(
+            ADVANCE_CYCLES, args=[cycle_ids], queue="control", expires=DOORBELL_EXPIRES_S
+        )
+
+
+class Coalescer:
+    """Rings the advance doorbell for new cycles off the request path, at most once per
+    `window_s`: a trigger adds its cycle id (microseconds); a background thread sends what
+    gathered, at once when the last ring is older than the window, else when the window ends.
+    A burst of triggers costs one broker message per window instead of one each.
+
+    Ids not yet sent when the process dies are rung again by the reaper (their cycles stay
+    `planned`, untouched), as any lost doorbell is; `close` sends what is pending."""
+
+    def __init__(
+        self, ring: Callable[[list[int]], None], window_s: float = DOORBELL_WINDOW_S
+    ) -> None:
+        self._ring = ring
+        self.window_s = window_s
+        self._pending: list[int] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._last = float("-inf")
+        self._thread: threading.Thread | None = None
+
+    def add(self, cycle_id: int) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the doorbell coalescer is closed")
+            self._pending.append(cycle_id)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="advance-doorbell", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is pending and stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return  # closed, nothing left
+                closing = self._closed
+            wait = self._last + self.window_s - time.monotonic()
+            if wait > 0 and not closing:
+                time.sleep(wait)  # gather the rest of the window's triggers
+            with self._cond:
+                batch, self._pending = self._pending, []
+            self._last = time.monotonic()
+            try:
+                self._ring(batch)
+            except Exception:  # the broker is down: the reaper rings these cycles again
+                log.warning("advance doorbell for cycles %s not sent", batch, exc_info=True)

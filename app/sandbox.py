@@ -136,7 +136,7 @@ def env_args(policy: Policy) -> int:
     return fd
 
 
-def _cgroup_base() -> Path:
+def cgroup_base() -> Path:
     """`autopilot` under our own cgroup on the cgroup2 mount (raises SandboxUnavailable)."""
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields, _, fs = line.partition(" - ")
@@ -166,7 +166,7 @@ class Cgroup:
         if not _NAME.fullmatch(name):
             raise ValueError(f"cgroup name {name!r}: only letters, digits, '_', '.', '-'")
         try:
-            parent = base or _cgroup_base()
+            parent = base or cgroup_base()
             parent.mkdir(exist_ok=True)
             (parent / name).mkdir(exist_ok=True)
         except OSError as exc:
@@ -187,6 +187,10 @@ class Cgroup:
                 os.close(fd)
 
         return join
+
+    def add(self, pid: int) -> None:
+        """Move the process `pid` into the cgroup (from outside: its own threads come along)."""
+        (self.path / "cgroup.procs").write_text(str(pid))
 
     def pids(self) -> list[int]:
         try:

@@ -53,6 +53,11 @@ class Settings(BaseSettings):
         description="The API's base URL as other hosts reach it (GPU hosts fetch the local "
         "forge from <control_url>/git/<project>.git); default: http://<host>:<port>.",
     )
+    dashboard_url: str = Field(
+        default="",
+        description="The dashboard's base URL as reviewers reach it: pull request bodies link "
+        "to a cycle's page and its findings there; default: <control_url>/dashboard.",
+    )
     control_token: SecretStr | None = Field(
         default=None, description="A GPU host's token (scope worker) for the control host's API."
     )
@@ -142,6 +147,18 @@ class Settings(BaseSettings):
         default=True,
         description="While a job runs, park the next job's interpreter (saves its start-up).",
     )
+    gpu_reserve_next: bool = Field(
+        default=True,
+        description="While a job runs, reserve the next job (a lease it may not run yet), so "
+        "the next job starts with no DB round trip on the GPU's idle gap.",
+    )
+    gpu_reserve_after_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Only a job ready (prepared on the host) this long is reserved: an idle "
+        "worker takes a fresh one within its doorbell's latency, and a reservation must never "
+        "keep a job from an idle GPU.",
+    )
     prepare_ahead: int = Field(
         default=2,
         ge=0,
@@ -166,6 +183,12 @@ class Settings(BaseSettings):
         description="Fault injection for the reliability tests: the process advancing a cycle "
         "exits hard right after this step commits. Never set in production.",
     )
+    token_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long an API process trusts a bearer token it verified without asking "
+        "the DB again: a revocation by another process takes effect within it (0: always ask).",
+    )
     max_live_cycles_per_project: int = Field(
         default=20, ge=1, description="A trigger beyond this many unfinished cycles gets 429."
     )
@@ -176,9 +199,12 @@ class Settings(BaseSettings):
     @field_validator("control_url")
     @classmethod
     def _control_url(cls, value: str) -> str:
-        if not value.strip():
-            return ""  # filled in from host and port below
-        return check_control_url(value)
+        return _base_url(value, "the API's base URL, e.g. http://control.lab:8000")
+
+    @field_validator("dashboard_url")
+    @classmethod
+    def _dashboard_url(cls, value: str) -> str:
+        return _base_url(value, "the dashboard's base URL, e.g. https://autopilot.lab/dashboard")
 
     @model_validator(mode="after")
     def _default_control_url(self) -> Settings:
@@ -227,6 +253,12 @@ class Settings(BaseSettings):
         return self.ops_url or f"sqlite:///{self.state_dir.absolute() / 'ops.db'}"
 
     @property
+    def dashboard_base_url(self) -> str:
+        """The dashboard as reviewers reach it: `dashboard_url`, else the API's `/dashboard`
+        (worked out on each read, so a copy with another control URL follows it)."""
+        return self.dashboard_url or f"{self.control_url}/dashboard"
+
+    @property
     def broker_dir(self) -> Path:
         return self.state_dir.absolute() / "broker"
 
@@ -248,19 +280,30 @@ class Settings(BaseSettings):
         return shown
 
 
-def check_control_url(value: str) -> str:
-    """The API's base URL, as `http(s)://host[:port]` without a trailing slash; ValueError
-    naming the expected form otherwise. A token never rides in it."""
+def _base_url(value: str, expected: str) -> str:
+    """An http(s) base URL without a trailing '/' or credentials ('' is left to a default):
+    these URLs are shown to people and put in pull requests."""
     value = value.strip().rstrip("/")
+    if not value:
+        return value
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("expected the API's base URL, e.g. http://control.lab:8000")
+        raise ValueError(f"expected {expected}")
     if parts.username or parts.password:
         raise ValueError(
-            "must not hold credentials; a token is given on its own (AUTOPILOT_CONTROL_TOKEN "
-            "on a GPU host; AUTOPILOT_TOKEN or `autopilot login` for the CLI)"
+            "must not hold credentials (tokens have settings of their own, e.g. "
+            "AUTOPILOT_CONTROL_TOKEN)"
         )
     return value
+
+
+def check_control_url(value: str) -> str:
+    """The API's base URL as the CLI is given it (`--api`): never empty."""
+    expected = "the API's base URL, e.g. http://control.lab:8000"
+    checked = _base_url(value, expected)
+    if not checked:
+        raise ValueError(f"expected {expected}")
+    return checked
 
 
 def given_settings() -> dict[str, str]:

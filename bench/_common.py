@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from workers.launcher.launch import LaunchSpec  # noqa: E402 - the line above makes it importable
+from workers.launcher import confine  # noqa: E402 - the line above makes it importable
+from workers.launcher.launch import LaunchSpec  # noqa: E402
 from workers.launcher.runtime import RuntimeDir  # noqa: E402
 
 # -- command line -------------------------------------------------------------------------------
@@ -188,9 +189,11 @@ def module_job(
     base_env: dict[str, str],
     requirements_hash: str | None = None,
     sandboxed: bool = False,
+    cgroup: bool | None = None,
 ) -> LaunchSpec:
     """A job that runs the module `entry` of `worktree` in `venv`, on no GPU, no spec;
-    `sandboxed`: under bubblewrap, in a cgroup of its own, as a GPU worker runs it."""
+    `sandboxed`: under bubblewrap; `cgroup` (default: when sandboxed): in a cgroup of its own
+    named as a GPU worker names its jobs' (`job-0.w<pid>`), where the host has one."""
     return LaunchSpec(
         venv=venv,
         entry=entry,
@@ -202,7 +205,7 @@ def module_job(
         cuda_visible_devices="",
         requirements_hash=requirements_hash,
         sandboxed=sandboxed,
-        cgroup=f"bench-{os.getpid()}" if sandboxed else None,
+        cgroup=confine.job_cgroup_name(0) if (sandboxed if cgroup is None else cgroup) else None,
     )
 
 

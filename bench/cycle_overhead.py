@@ -17,7 +17,7 @@
 
     python bench/cycle_overhead.py [--quick] [--json] [--keep]
 
-Goal: overhead <= 1.5 s per cycle on SQLite; trigger p99 <= 3x the hello-world p99.
+Goal: overhead <= 1.5 s per cycle on SQLite; trigger p99 <= 2x the hello-world p99 (issue 18).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from _common import (
 
 PROJECT = "bench-probe"
 OVERHEAD_GOAL_S = 1.5
-RATIO_GOAL = 3.0
+RATIO_GOAL = 2.0  # issue 18 (issue 8 asked for 3)
 POLL_S = 0.1
 CYCLE_TIMEOUT_S = 180.0
 WARMUP_TIMEOUT_S = 900.0  # builds the project venv
@@ -384,6 +384,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         run_cli(env, tmp, "project", "create", "--name", PROJECT, "--repo-url", str(repo))
         token = run_cli(env, tmp, "token", "create", "--name", "bench", "--scope", "admin")
         token = token.splitlines()[-1].strip()
+        # The GPU worker fetches the project from the control host's forge over HTTP.
+        worker = run_cli(env, tmp, "token", "create", "--name", "bench-gpu", "--scope", "worker")
+        env["AUTOPILOT_CONTROL_TOKEN"] = worker.splitlines()[-1].strip()
         base = f"http://127.0.0.1:{port}"
         hello = f"http://127.0.0.1:{hello_port}"
         services = Services(env, log_dir, tmp)

@@ -7,10 +7,14 @@ user module, which reads the monotonic clock (system-wide on Linux) and sends it
 `started` event. The baseline is the whole of `<venv>/bin/python -c pass`, start to exit.
 Pairs are interleaved with the order alternating; figures are medians.
 
-    python bench/launch.py [--quick] [--json] [--sandbox]
+    python bench/launch.py [--quick] [--json] [--sandbox] [--no-cgroup]
 
-`--sandbox`: every launch of ours under bubblewrap, in its cgroup (a GPU worker's default);
-the baseline stays bare Python, so the sandbox's cost shows in the difference between runs.
+Each launch of ours runs in a cgroup of its own named for this process (`job-0.w<pid>`), as a
+GPU worker's jobs do wherever the host has a writable cgroup v2: a cold module job then starts
+with vfork and the worker's death watch (`workers/launcher/deathwatch.py`). `--no-cgroup`
+measures the fallback of a host without one (a preexec_fn that sets PR_SET_PDEATHSIG: fork).
+`--sandbox`: every launch of ours under bubblewrap (a GPU worker's default); the baseline
+stays bare Python, so the sandbox's cost shows in the difference between runs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from _common import bench_parser, emit, machine, module_job, today
 
+from workers.launcher import confine
 from workers.launcher.guard import run_guard
 from workers.launcher.runner import Limits, run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
@@ -50,6 +55,7 @@ else:  # the `-m` reference run without the runner
 def main() -> None:
     ap = bench_parser(__doc__, quick="20 pairs instead of 60")
     ap.add_argument("--sandbox", action="store_true", help="launch under bubblewrap")
+    ap.add_argument("--no-cgroup", action="store_true", help="no cgroup: the fallback path")
     args = ap.parse_args()
     pairs = 20 if args.quick else 60
 
@@ -79,6 +85,8 @@ def main() -> None:
                     requirements_hash=venv.requirements_hash,
                     sandboxed=args.sandbox,
                     workdir=worktree,
+                    # parked in the cgroup of the job it is for, as a GPU worker parks it
+                    cgroup_name=None if args.no_cgroup else confine.job_cgroup_name(0),
                 )
                 time.sleep(0.15)  # let it finish starting: on a worker it started a job ago
             t0 = time.monotonic()
@@ -93,6 +101,7 @@ def main() -> None:
                     base_env,
                     venv.requirements_hash,
                     sandboxed=args.sandbox,
+                    cgroup=not args.no_cgroup,
                 )
                 report = run_guard(
                     venv.path,
@@ -147,6 +156,10 @@ def main() -> None:
             subprocess.run([str(venv.python), "-c", "pass"], check=True)
             return time.monotonic() - t0
 
+        probe = None if args.no_cgroup else confine.open_cgroup("bench-probe", required=False)
+        cgroup_used = probe is not None
+        if probe is not None:
+            probe.remove()
         t_cold = time.monotonic()
         launch(check_cached=False)  # fills the guard cache (a cold guard run)
         guard_cold_s = time.monotonic() - t_cold
@@ -195,6 +208,9 @@ def main() -> None:
         "guard_cold_s": round(guard_cold_s, 4),
         "parked_first_line_s": round(statistics.median(warm), 5),
         "parked_ratio": round(statistics.median(warm) / med_base, 3),
+        "sandbox": args.sandbox,
+        "cgroup": cgroup_used,
+        "cold_spawn": "preexec_fn (fork)" if args.sandbox or not cgroup_used else "vfork",
         "machine": machine("cpu", "cores", "python", "os"),
         "date": today(),
     }

@@ -9,24 +9,23 @@ next job is `launcher/spare.py`.
 from __future__ import annotations
 
 import contextlib
-import json
+import functools
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app import broker
 from app.db import Stores
 from app.errors import InvalidInput
-from app.jobs import logs, paths, preparation
+from app.jobs import logs, paths, preparation, reservations
 from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
@@ -35,34 +34,12 @@ from workers.heartbeat import Heartbeat
 from workers.launcher import confine, runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import SpareSlot
+from workers.tickets import Ticket, WorkerIdentity, first_line_time, job_outcome
 
-if TYPE_CHECKING:
-    from app.jobs.models import Job, JobPreparation
+__all__ = ["RunLoop", "Ticket", "WorkerIdentity", "first_line_time"]
 
 log = logging.getLogger(__name__)
 CLEANUP_BATCH = 8
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:500] if lines else ""
-
-
-@dataclass
-class WorkerIdentity:
-    name: str
-    kind: str
-    device: str  # what CUDA_VISIBLE_DEVICES gets; "" on a CPU worker
-    host: str = field(default_factory=socket.gethostname)
-
-    @property
-    def queue(self) -> str:
-        return f"gpu.{self.kind}"
-
-    @classmethod
-    def for_device(cls, kind: str, device: str) -> WorkerIdentity:
-        host = socket.gethostname()
-        return cls(name=f"gpu-{kind}-{device or 'x'}@{host}", kind=kind, device=device, host=host)
 
 
 def release_all(batch: list[runtime.RuntimeDir]) -> None:
@@ -85,6 +62,13 @@ class RunLoop:
     preparer: prepare.Preparer | None = None
     #: Launch settings read for the job in line and the job running (by source, experiment).
     _launches: dict[tuple[str, str], prepare.LaunchSettings] = field(default_factory=dict)
+    #: The job reserved to run next (`reservations.py`), while the current one runs.
+    reserved: Ticket | None = None
+    #: Set by the heartbeat thread when the reservation was lost or cancelled.
+    _reservation_lost: bool = False
+    #: Clean-ups of the last job (its killed cgroup's removal) kept off the GPU's idle gap:
+    #: run once the next job has started, or when the loop ends.
+    _after_start: list[Callable[[], None]] = field(default_factory=list)
 
     def run_available(self) -> int:
         """Run prepared jobs until none is left; returns how many ran.
@@ -98,6 +82,13 @@ class RunLoop:
             while True:
                 # (on an error it has stored the outcome itself before raising)
                 finished, done = done, None
+                reserved = self._take_reservation()
+                if reserved is not None and finished is not None:
+                    # The next job was reserved while this one ran: it starts now, and this
+                    # one's outcome is stored with its start, off the GPU's idle gap.
+                    done = (reserved, self._run_reserved(reserved, Settle(*finished)))
+                    ran += 1
+                    continue
                 ticket = self._settle_and_lease(finished)
                 if ticket is None:
                     # Nothing is ready on this host: the GPU is idle anyway, so prepare the
@@ -115,8 +106,106 @@ class RunLoop:
                 done = (ticket, self.run_one(ticket))
                 ran += 1
         finally:
+            self._release_reservation()
             self.cleanup()
         return ran
+
+    def _run_reserved(self, ticket: Ticket, settle: Settle) -> jobs.JobOutcome:
+        try:
+            return self.run_one(ticket, settle=settle)
+        finally:
+            if not settle.stored:  # it never started (or failed before its start was recorded)
+                self._store_alone(settle)
+
+    def _take_reservation(self) -> Ticket | None:
+        ticket, self.reserved = self.reserved, None
+        if self._reservation_lost:
+            self._reservation_lost = False
+            return None
+        return ticket
+
+    def _release_reservation(self) -> None:
+        ticket, self.reserved = self.reserved, None
+        if ticket is not None:
+            try:
+                with self.stores.ops_session() as session:
+                    reservations.release(session, ticket.job_id, self.me.name)
+            except Exception:  # the reaper returns it to the queue when its lease lapses
+                log.warning("job %s: reservation not released", ticket.job_id, exc_info=True)
+
+    def renew_reservation(self, session: Session) -> None:
+        """Called by the running job's heartbeat (same transaction): keep the reservation."""
+        ticket = self.reserved
+        if ticket is not None and not reservations.renew(
+            session, self.settings, ticket.job_id, self.me.name
+        ):
+            self._reservation_lost = True
+
+    def _reserve(self) -> Ticket | None:
+        """Reserve the job to run after the current one; None when none fits (a hint: any
+        failure leaves the next job to be leased when this one ends)."""
+        if not self.settings.gpu_reserve_next or self.reserved is not None:
+            return self.reserved
+        try:
+            with self.stores.ops_session() as session:
+                job = reservations.reserve_next(
+                    session,
+                    self.settings,
+                    queue=self.me.queue,
+                    worker=self.me.name,
+                    device=self.me.device,
+                    host=self.me.host,
+                )
+                self.reserved = Ticket.of(job, reserved=True) if job is not None else None
+        except Exception:
+            log.warning("could not reserve the next job", exc_info=True)
+        return self.reserved
+
+    def _store_alone(self, settle: Settle) -> None:
+        with self.stores.ops_session() as session:
+            cycle_id = self._finish(session, settle.ticket, settle.outcome)
+        settle.stored = True
+        self._ring(cycle_id)
+        self._upload_log(settle.ticket.job_id)
+
+    def _started(
+        self,
+        ticket: Ticket,
+        settle: Settle | None,
+        pid: int | None,
+        pgid: int | None,
+        first_line_at: datetime | None = None,
+    ) -> None:
+        """Record the job's start: with `settle`, in one transaction with the previous job's
+        outcome (and its first line, when known: a reserved job's start is recorded then, so
+        that no DB work competes with the job's own start-up). A reservation lost or
+        cancelled raises LeaseLost (the caller kills what it started); the previous outcome is
+        stored on its own then."""
+        cycle_id: int | None = None
+        try:
+            with self.stores.ops_session() as session:
+                if settle is not None:
+                    cycle_id = self._finish(session, settle.ticket, settle.outcome)
+                if ticket.reserved:
+                    reservations.start_reserved(session, ticket.job_id, self.me.name, pid, pgid)
+                elif pid is not None and pgid is not None:
+                    jobs.mark_running(session, ticket.job_id, self.me.name, pid, pgid)
+                if first_line_at is not None:
+                    jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line_at)
+        except jobs.LeaseLost:
+            if settle is not None:
+                self._store_alone(settle)
+            raise
+        self._run_after_start()
+        if settle is not None:
+            settle.stored = True
+            self._ring(cycle_id)
+            self._upload_log(settle.ticket.job_id)
+
+    def _run_after_start(self) -> None:
+        pending, self._after_start = self._after_start, []
+        for task in pending:
+            task()
 
     def _settle_and_lease(self, done: tuple[Ticket, jobs.JobOutcome] | None) -> Ticket | None:
         """Store the finished job's outcome (if any) and lease the next job, in one transaction.
@@ -188,6 +277,12 @@ class RunLoop:
             self._launches = {**dict(list(self._launches.items())[-1:]), key: found}
         return found
 
+    def _launch_or(self, ticket: Ticket, default: prepare.LaunchSettings) -> prepare.LaunchSettings:
+        try:
+            return self._launch(ticket)
+        except (InvalidInput, OSError):  # its run reports that; no spare is parked for it
+            return default
+
     def _next_in_line(
         self, current: Ticket, launch: prepare.LaunchSettings
     ) -> tuple[Ticket, prepare.LaunchSettings]:
@@ -211,13 +306,20 @@ class RunLoop:
             log.warning("cycle %s: advance doorbell not sent", cycle_id, exc_info=True)
 
     def cleanup(self) -> None:
+        self._run_after_start()
         batch, self.pending_cleanup = self.pending_cleanup, []
         release_all(batch)
 
-    def run_one(self, ticket: Ticket) -> jobs.JobOutcome:
-        """Run one leased job; returns its outcome for `_settle_and_lease` to store."""
+    def run_one(self, ticket: Ticket, settle: Settle | None = None) -> jobs.JobOutcome:
+        """Run one leased (or reserved) job; returns its outcome for `_settle_and_lease` to
+        store. `settle`, the previous job's outcome, is stored with this job's start."""
         log_path = paths.log_path(self.settings, ticket.job_id)
         if ticket.spec.get("kind") == "command":  # the repository's own program, run arm by arm
+            if ticket.reserved:
+                try:
+                    self._started(ticket, settle, None, None)
+                except jobs.LeaseLost as exc:
+                    return jobs.JobOutcome(state="failed", error=str(exc), log_path=str(log_path))
             return self._command(ticket)
         try:
             launch_settings = self._launch(ticket)
@@ -276,22 +378,29 @@ class RunLoop:
                         launch,
                         limits=runner.Limits(timeout_s=ticket.time_limit_s),
                         on_event=on_event,
-                        on_spawn=lambda pid, pgid: self._spawned(ticket.job_id, pid, pgid, beat),
+                        on_spawn=lambda pid, pgid: self._spawned(ticket, pid, pgid, beat, settle),
                         spare=spare,
+                        deferred=self._after_start,
                     )
                     error = None
                 except (LaunchError, jobs.LeaseLost) as exc:
                     outcome, error = None, str(exc)
                 finally:
                     beat.stop()
+                try:
+                    beat.record_start()  # a reserved job that ended before its first line
+                except jobs.LeaseLost as exc:
+                    outcome, error = None, str(exc)
                 if outcome is not None:
+                    if ticket.reserved:
+                        log_file.write("[launch] reserved while the previous job ran\n")
                     if outcome.launch == "spare":
                         log_file.write("[launch] handed to the parked interpreter\n")
                     elif outcome.spare_missed:
                         log_file.write(f"[launch] started cold: {outcome.spare_missed}\n")
                     log_file.write(outcome.stdout)
                     log_file.write(outcome.stderr)
-            result = self._outcome(ticket, outcome, error, beat.cancelled, log_path)
+            result = job_outcome(self.settings, ticket, outcome, error, beat.cancelled, log_path)
             if result.state == "succeeded" and ticket.spec.get("head_vs_base"):
                 beat = Heartbeat(self, ticket.job_id)  # the code changed: base against head too
                 result = command_runs.head_vs_base(self.settings, self.me, ticket, result, beat)
@@ -323,11 +432,16 @@ class RunLoop:
         )
         return result
 
-    def _spawned(self, job_id: int, pid: int, pgid: int, beat: Heartbeat) -> None:
+    def _spawned(
+        self, ticket: Ticket, pid: int, pgid: int, beat: Heartbeat, settle: Settle | None
+    ) -> None:
         beat.pgid = pgid
         beat.spawned_at = time.time()
-        with self.stores.ops_session() as session:
-            jobs.mark_running(session, job_id, self.me.name, pid, pgid)
+        if ticket.reserved:
+            # Recorded with its first line (or its first heartbeat, or its end, if sooner).
+            beat.pending_start = functools.partial(self._started, ticket, settle, pid, pgid)
+        else:
+            self._started(ticket, settle, pid, pgid)
 
     def _event_handler(
         self, ticket: Ticket, launch: prepare.LaunchSettings, log_file: Any, beat: Heartbeat
@@ -339,14 +453,19 @@ class RunLoop:
                     self.preparer.kick()  # the job's start is behind it: prepare what follows
                 now = time.time()
                 at = first_line_time(event.get("at"), lower=beat.spawned_at, upper=now)
-                with self.stores.ops_session() as session:
-                    jobs.mark_first_line(
-                        session, ticket.job_id, self.me.name, datetime.fromtimestamp(at, UTC)
-                    )
+                first_line = datetime.fromtimestamp(at, UTC)
+                if not beat.record_start(first_line_at=first_line):
+                    with self.stores.ops_session() as session:
+                        jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line)
+                # The job's own start is behind it: reserve the next job now, and park its
+                # interpreter (else for the job first in line, else for one like this one).
+                reserved = self._reserve()
                 if self.spares is not None and self.settings.gpu_spare_interpreter:
-                    # The job's own start is behind it: park the next job's interpreter now,
-                    # for the job first in line (its venv), else for one like this one.
-                    after, hint = self._next_in_line(ticket, launch)
+                    after, hint = (
+                        (reserved, self._launch_or(reserved, launch))
+                        if reserved is not None
+                        else self._next_in_line(ticket, launch)
+                    )
                     sandboxed, known = self.settings.sandbox == "on", after.job_id != ticket.job_id
                     # A sandboxed spare binds its job's export: none is known, none is parked;
                     # a command job (no entry) runs no interpreter of ours.
@@ -369,88 +488,11 @@ class RunLoop:
 
         return on_event
 
-    def _outcome(
-        self,
-        ticket: Ticket,
-        outcome: runner.Outcome | None,
-        error: str | None,
-        cancelled: bool,
-        log_path: Path,
-    ) -> jobs.JobOutcome:
-        if outcome is None:
-            return jobs.JobOutcome(state="failed", error=error, log_path=str(log_path))
-        result = outcome.result if isinstance(outcome.result, dict) else None
-        if result is not None:
-            # The worker's record, not the child's: whatever the job wrote under this key.
-            result = {**result, "sandbox": self.settings.sandbox}
-        state, message = "succeeded", None
-        if cancelled:
-            state, message = "cancelled", "cancelled while running; its process group was killed"
-        elif outcome.timed_out:
-            state, message = "failed", f"time limit of {ticket.time_limit_s:g} s exceeded"
-        elif outcome.returncode != 0:
-            state = "failed"
-            message = f"exited with {outcome.signal or outcome.returncode}: " + (
-                _last_line(outcome.stderr) or _last_line(outcome.stdout) or "no output"
-            )
-        elif outcome.result_error:
-            state, message = "failed", outcome.result_error
-        elif result is not None and result.get("status") == "error":
-            state, message = "failed", f"experiment error: {result.get('error')}"
-        result_path = None
-        if result is not None:
-            saved = paths.job_dir(self.settings, ticket.job_id) / "result.json"
-            saved.write_text(json.dumps(result, indent=2))
-            result_path = str(saved)
-        return jobs.JobOutcome(
-            state=state,
-            exit_code=outcome.returncode,
-            error=message,
-            result=result,
-            result_path=result_path,
-            log_path=str(log_path),
-            gpu_seconds=outcome.duration_s,
-        )
-
-
-def first_line_time(reported: Any, *, lower: float | None, upper: float) -> float:
-    """When the job's first line of user code ran, as a wall-clock timestamp.
-
-    The `started` event may carry `at` (the job's `time.time()`, same host): used when it lies
-    between the spawn and now, so the parent's own delay in reading the event is not counted
-    as idle GPU time. Otherwise, the moment the event was read.
-    """
-    if (
-        isinstance(reported, int | float)
-        and not isinstance(reported, bool)
-        and lower is not None
-        and lower <= reported <= upper
-    ):
-        return float(reported)
-    return upper
-
 
 @dataclass
-class Ticket:
-    """What the GPU path needs of a job, read once at lease time."""
+class Settle:
+    """A finished job whose outcome is stored with the next job's start (or on its own)."""
 
-    job_id: int
-    experiment: str
-    workdir: str
-    venv: str
-    spec: dict[str, Any]  # what the experiment sees
-    time_limit_s: float
-
-    @classmethod
-    def of(cls, job: Job, prepared: JobPreparation | None = None) -> Ticket:
-        """The leased job (its row holds where it runs), or one waiting with this host's
-        preparation of it."""
-        where = prepared or job
-        return cls(
-            job_id=job.id,
-            experiment=str(job.experiment),
-            workdir=str(where.workdir),
-            venv=str(where.venv_path),
-            spec=dict(job.spec),
-            time_limit_s=job.time_limit_s,
-        )
+    ticket: Ticket
+    outcome: jobs.JobOutcome
+    stored: bool = False

@@ -10,7 +10,10 @@ import os
 import signal
 import threading
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session
 
 from app.db import Stores
 from app.jobs import logs, paths
@@ -32,6 +35,7 @@ class RunLoop(Protocol):
     def settings(self) -> Settings: ...
     @property
     def me(self) -> _Named: ...
+    def renew_reservation(self, session: Session) -> None: ...
 
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,9 @@ class Heartbeat:
         self.pgid: int | None = None
         self.spawned_at: float | None = None  # wall clock, set at spawn or hand-over
         self.cancelled = False
+        #: A reserved job's start, to record with its first line (`record_start`).
+        self.pending_start: Callable[..., None] | None = None
+        self._start_lock = threading.Lock()
         self._killed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
@@ -56,10 +63,28 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def record_start(self, **kw: Any) -> bool:
+        """Record the job's pending start now, once, whichever thread comes first (its first
+        line, its first beat, its end); False when there was none. A failure other than a lost
+        lease leaves it pending for the next try."""
+        with self._start_lock:
+            task, self.pending_start = self.pending_start, None
+            if task is None:
+                return False
+            try:
+                task(**kw)
+            except jobs.LeaseLost:
+                raise
+            except Exception:
+                self.pending_start = task
+                raise
+            return True
+
     def _run(self) -> None:
         interval = self.loop.settings.heartbeat_interval_s
         while not self._stop.wait(interval):
             try:
+                self.record_start()
                 with self.loop.stores.ops_session() as session:
                     wanted = jobs.heartbeat(
                         session,
@@ -70,6 +95,7 @@ class Heartbeat:
                             paths.log_path(self.loop.settings, self.job_id), paths.LOG_TAIL_BYTES
                         ),
                     )
+                    self.loop.renew_reservation(session)  # the next job's, if reserved
             except jobs.LeaseLost:
                 wanted = True  # someone else owns it now: stop ours
             except Exception:  # a DB hiccup: keep the job, try again next beat

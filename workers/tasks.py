@@ -12,6 +12,7 @@ from app.db import Stores
 from app.settings import get_settings
 from workers import gpu, prepare, reaper
 from workers.celery_app import celery
+from workers.launcher import confine
 from workers.launcher.spare import SpareSlot
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def run_jobs(queue: str) -> int:
         log.error("doorbell for %s reached a worker that is not a %s GPU worker", queue, queue)
         return 0
     global PREPARER
-    if PREPARER is None:
+    if PREPARER is None:  # this worker's first doorbell
+        confine.start_death_watch()
         PREPARER = prepare.Preparer(stores(), get_settings(), me.queue)
     loop = gpu.RunLoop(stores(), get_settings(), me, spares=SPARES, preparer=PREPARER)
     return loop.run_available()
@@ -61,6 +63,15 @@ def advance_cycle(cycle_id: int) -> str:
     from app.cycles.machine import Machine
 
     return Machine(stores(), get_settings()).advance(cycle_id)
+
+
+@celery.task(name=broker.ADVANCE_CYCLES)
+def advance_cycles(cycle_ids: list[int]) -> list[int]:
+    """The API's one doorbell for a burst of new cycles: each gets its own, so the control
+    worker's processes advance them in parallel (advancing them here would run them in turn)."""
+    for cycle_id in cycle_ids:
+        broker.ring_advance(get_settings(), cycle_id)
+    return cycle_ids
 
 
 @celery.task(name=broker.MERGE_CYCLE)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Request, Response
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
+from app.broker import Coalescer
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.models import ApiToken
@@ -24,8 +26,25 @@ def get_stores(request: Request) -> Stores:
     return stores
 
 
-StoresDep = Annotated[Stores, Depends(get_stores)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+async def get_doorbell(request: Request) -> Coalescer:
+    """The API process's advance doorbell for new cycles (rung after the response, batched)."""
+    doorbell: Coalescer = request.app.state.doorbell
+    return doorbell
+
+
+# The dependencies the routes declare are `async def` where they only read app state: FastAPI
+# runs a plain `def` dependency in the thread pool, a hop (and a GIL hand-off) per dependency
+# per request. `get_settings` and `get_stores` stay plain for the callers that call them.
+async def _settings(request: Request) -> Settings:
+    return get_settings(request)
+
+
+async def _stores(request: Request) -> Stores:
+    return get_stores(request)
+
+
+StoresDep = Annotated[Stores, Depends(_stores)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
 
 
 def ops_session(stores: StoresDep) -> Iterator[Session]:
@@ -57,20 +76,25 @@ def bearer_token(request: Request) -> str | None:
     return value.strip()
 
 
-def current_token(request: Request, stores: StoresDep) -> ApiToken:
-    # Its own short session: authentication must not share the request's unit of work.
-    with stores.ops_session() as session:
-        token = ops.authenticate(session, bearer_token(request))
-        session.expunge(token)
+async def current_token(request: Request, stores: StoresDep, settings: SettingsDep) -> ApiToken:
+    """The request's token: one verified in the last AUTOPILOT_TOKEN_CACHE_S is answered here,
+    on the event loop; any other is checked in the thread pool, in its own short session
+    (authentication must not share the request's unit of work)."""
+    presented, ttl_s = bearer_token(request), settings.token_cache_s
+    token = ops.recently_verified(presented, ttl_s)
+    if token is None:
+        token = await run_in_threadpool(
+            ops.authenticate_cached, stores.ops_session, presented, ttl_s
+        )
     request.state.token_name = token.name
     return token
 
 
-def require(scope: str | None) -> Callable[[ApiToken], ApiToken]:
+def require(scope: str | None) -> Callable[[ApiToken], Awaitable[ApiToken]]:
     """A dependency that admits any reading token (scope None: any scope but `worker` alone)
     or one holding `scope`."""
 
-    def check(token: Annotated[ApiToken, Depends(current_token)]) -> ApiToken:
+    async def check(token: Annotated[ApiToken, Depends(current_token)]) -> ApiToken:
         if scope is not None:
             ops.require_scope(token, scope)
         else:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from app import broker
 from app.api import health, openapi, problems
 from app.api.limits import GIT_REQUEST_BYTES, IMPORT_FORM_BYTES, BodySizeLimit
 from app.api.metrics import metrics_router
@@ -33,9 +35,12 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     owned = stores is None
     stores = stores or Stores.from_settings(settings)
 
+    doorbell = broker.Coalescer(functools.partial(broker.ring_advance_many, settings))
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        doorbell.close()  # what is pending is sent before the process ends
         if owned:
             stores.dispose()
 
@@ -48,6 +53,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     )
     app.state.settings = settings
     app.state.stores = stores
+    app.state.doorbell = doorbell
     problems.install(app)
     openapi.install(app)
     app.add_middleware(

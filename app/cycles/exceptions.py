@@ -10,6 +10,13 @@ class CycleNotFound(NotFound):
     title = "Cycle not found"
 
 
+class NothingToPlot(NotFound):
+    """A project without the cycles a chart needs (none yet, or none of that experiment)."""
+
+    slug = "nothing-to-plot"
+    title = "Nothing to plot"
+
+
 class TooManyCycles(AutopilotError):
     status = 429
     slug = "too-many-cycles"

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from app.clock import utcnow
 from app.cycles.models import Cycle, CycleStep
 from app.cycles.states import HOLDS_FINGERPRINT, LIVE, ON_JOB, STEPPING
+from app.projects.models import Project
 
 # -- cycles -------------------------------------------------------------------------------------
 
@@ -50,6 +51,19 @@ def live_count(session: Session, project_id: int) -> int:
         .where(Cycle.project_id == project_id, Cycle.state.in_(LIVE))
     )
     return count or 0
+
+
+def project_and_live_count(session: Session, project_name: str) -> tuple[int, int] | None:
+    """The named project's id and how many of its cycles have not finished stepping, in one
+    query (a trigger's only read), or None when no project has that name."""
+    live = (
+        select(func.count())
+        .select_from(Cycle)
+        .where(Cycle.project_id == Project.id, Cycle.state.in_(LIVE))
+        .scalar_subquery()
+    )
+    row = session.execute(select(Project.id, live).where(Project.name == project_name)).first()
+    return None if row is None else (int(row[0]), int(row[1] or 0))
 
 
 def list_cycles(

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, BackgroundTasks, Depends, Header, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
-from app import broker
 from app.api.deps import (
     MAX_OFFSET,
     AnyToken,
     OpsSession,
     ReviewToken,
     RowId,
+    SettingsDep,
+    StoresDep,
     TriggerToken,
+    get_doorbell,
     get_settings,
     get_stores,
     page_headers,
 )
-from app.cycles import review, schedules, service
+from app.broker import Coalescer
+from app.cycles import progress_plot, review, schedules, service
 from app.cycles.models import Cycle, CycleStep
 from app.cycles.schemas import (
     AutopilotOut,
@@ -53,10 +56,10 @@ def _one(session: Session, cycle: Cycle, steps: Sequence[CycleStep] = ()) -> Cyc
 def trigger_cycle(
     body: CycleCreate,
     response: Response,
-    background: BackgroundTasks,
     token: TriggerToken,
-    stores: Annotated[Stores, Depends(get_stores)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    doorbell: Annotated[Coalescer, Depends(get_doorbell)],
+    stores: StoresDep,
+    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> CycleOut:
     key, request = (
@@ -64,7 +67,7 @@ def trigger_cycle(
         if idempotency_key
         else (None, None)
     )
-    with stores.ops_session() as session:
+    with stores.ops_write_session() as session:
         cycle, created = service.create(
             session,
             service.Trigger(
@@ -79,11 +82,12 @@ def trigger_cycle(
             max_live=settings.max_live_cycles_per_project,
             key_ttl_s=settings.idempotency_ttl_s,
         )
-        out = _one(session, cycle)
+        # A new cycle has no job yet: only a replayed one is looked up.
+        out = _one(session, cycle) if not created else _out(cycle, {})
     if created:
-        # After the commit, and after the response is sent: the caller does not wait on the
-        # broker. A doorbell lost here (the process dies first) is rung again by the reaper.
-        background.add_task(broker.ring_advance, settings, out.id)
+        # After the commit; sent by the coalescer's thread, one message per burst: the caller
+        # does not wait on the broker. One lost (the process dies first) the reaper rings again.
+        doorbell.add(out.id)
     else:
         response.status_code = status.HTTP_200_OK
     return out
@@ -152,4 +156,31 @@ def set_autopilot(
     """Start or stop a project's schedule (`every 2h` or a cron expression)."""
     return AutopilotOut.model_validate(
         schedules.set_autopilot(session, name, body.enabled, body.schedule)
+    )
+
+
+@autopilot_router.get(
+    "/{name}/plot",
+    response_class=Response,
+    responses={200: {"content": {"image/svg+xml": {}}, "description": "An SVG chart"}},
+)
+def get_project_plot(
+    name: str,
+    stores: Annotated[Stores, Depends(get_stores)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    _: AnyToken,
+    kind: Literal["trend", "space"] = "trend",
+    experiment: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """The project's progress as SVG: `trend`, the headline ratio of each cycle with its CI and
+    the best so far; `space`, an experiment's parameter space coloured by verdict (name the
+    experiment when the project has several). Each cycle's mark links to its dashboard page."""
+    svg = progress_plot.plot(settings, stores, name, kind, experiment)
+    return Response(
+        progress_plot.document(svg),
+        media_type="image/svg+xml",
+        headers={
+            "Content-Security-Policy": "default-src 'none'",
+            "X-Content-Type-Options": "nosniff",
+        },
     )

@@ -28,6 +28,7 @@ from app.jobs import reaping
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.projects import service as projects
+from app.projects.exceptions import ProjectNotFound
 from app.projects.models import Project
 from app.settings import Settings
 
@@ -68,7 +69,10 @@ def create(
     draft says).
 
     A flood of triggers is refused (429) once a project has `max_live` unfinished cycles: the
-    queue and both budgets stay bounded, and nothing is left half-made."""
+    queue and both budgets stay bounded, and nothing is left half-made.
+
+    The trigger route's whole unit of work (issue 18): without a key, one read (the project and
+    its live count together) and one insert; with one, its lookup first and a savepoint."""
     if trigger.idempotency_key:
         existing = repository.by_idempotency_key(session, trigger.idempotency_key)
         created = aware(existing.created_at) if existing is not None else None
@@ -83,14 +87,17 @@ def create(
                 )
             else:
                 return existing, False
-    project = projects.get_project(session, trigger.project)
-    if max_live is not None:
-        live = repository.live_count(session, project.id)
-        if live >= max_live:
-            raise TooManyCycles(
-                f"project {project.name!r} has {live} unfinished cycles (limit {max_live}, "
-                "AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT); retry when some have finished"
-            )
+    found = repository.project_and_live_count(session, trigger.project)
+    if found is None:
+        raise ProjectNotFound(
+            f"no project named {trigger.project!r}; list them with GET /api/v1/projects"
+        )
+    project_id, live = found
+    if max_live is not None and live >= max_live:
+        raise TooManyCycles(
+            f"project {trigger.project!r} has {live} unfinished cycles (limit {max_live}, "
+            "AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT); retry when some have finished"
+        )
     if trigger.parameters and not trigger.experiment:
         raise InvalidInput("parameters were given without the experiment they belong to")
     if trigger.agent is not None and trigger.agent not in agents.AGENTS:
@@ -99,7 +106,7 @@ def create(
             "(or omit it to use the project's autopilot.toml)"
         )
     cycle = Cycle(
-        project_id=project.id,
+        project_id=project_id,
         state="planned",
         agent=trigger.agent or "config",  # "config": whatever autopilot.toml names
         trigger=trigger.trigger,
@@ -109,17 +116,16 @@ def create(
         parameters=trigger.parameters,
         changed_hypothesis=trigger.changed_hypothesis,
     )
+    if not trigger.idempotency_key:
+        repository.add(session, cycle)  # no unique key to collide on: no savepoint needed
+        return cycle, True
     try:
         with session.begin_nested():
             repository.add(session, cycle)
     except IntegrityError:
         # The same key in flight twice (a client retrying before its first answer): the first
         # insert won; this one answers with its cycle, or 422 if the bodies differ.
-        won = (
-            repository.by_idempotency_key(session, trigger.idempotency_key)
-            if trigger.idempotency_key
-            else None
-        )
+        won = repository.by_idempotency_key(session, trigger.idempotency_key)
         if won is None:
             raise
         if won.idempotency_request not in (None, trigger.request_hash):

@@ -38,10 +38,12 @@ REPORT_FILES = ("REPORT.md", "plot.svg", "result.json")
 def _image(
     self: RendererHTML, tokens: list[Token], idx: int, options: OptionsDict, env: EnvType
 ) -> str:
-    # Only the report's own plot is shown (from our route); any other image becomes its alt text.
+    # Only the report's own plot is shown (from our route): REPORT.md's `plot.svg`, or the
+    # dashboard link a pull request body gives it. Any other image becomes its alt text.
     token = tokens[idx]
     alt = self.renderInlineAsText(token.children or [], options, env)
-    if token.attrGet("src") == "plot.svg" and isinstance(env.get("plot_url"), str):
+    src = token.attrGet("src")
+    if src and src in ("plot.svg", env.get("plot_link")) and isinstance(env.get("plot_url"), str):
         return f'<img src="{escape(env["plot_url"])}" alt="{escape(alt)}" class="plot">'
     return str(escape(alt))
 
@@ -50,9 +52,13 @@ _markdown = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("
 _markdown.add_render_rule("image", _image)
 
 
-def render_markdown(text: str, *, plot_url: str | None = None) -> Markup:
-    """Markdown to HTML with raw HTML escaped and unsafe link schemes refused."""
-    html = _markdown.render(text, {"plot_url": plot_url})
+def render_markdown(
+    text: str, *, plot_url: str | None = None, plot_link: str | None = None
+) -> Markup:
+    """Markdown to HTML with raw HTML escaped and unsafe link schemes refused. The image
+    `plot.svg` (or `plot_link`, the same plot as a pull request body links it) shows from
+    `plot_url`."""
+    html = _markdown.render(text, {"plot_url": plot_url, "plot_link": plot_link})
     return Markup(html)  # noqa: S704 - markdown-it escapes all text; raw HTML is off
 
 

@@ -151,6 +151,7 @@ class CyclePage:
     job: Job | None
     pull_request: PullRequest | None = None
     report_html: Any = None
+    pr_body_html: Any = None
     has_plot: bool = False
     environment: list[tuple[str, str]] = field(default_factory=list)
     diff: str | None = None
@@ -196,6 +197,12 @@ def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str)
     if report_md:
         page.report_html = evidence.render_markdown(
             report_md, plot_url=plot_url if page.has_plot else None
+        )
+    if page.pull_request is not None and page.pull_request.body:
+        page.pr_body_html = evidence.render_markdown(
+            page.pull_request.body,
+            plot_url=plot_url if page.has_plot else None,
+            plot_link=f"{settings.dashboard_base_url}/cycles/{cycle.id}/plot.svg",
         )
     result = evidence.result_json(evidence.report_file(settings, stores, cycle, ref, "result.json"))
     if not result and page.job is not None and isinstance(page.job.result, dict):

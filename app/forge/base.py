@@ -62,6 +62,11 @@ class Forge(Protocol):
         forge (GitHub)."""
         ...
 
+    def file_url(self, project: ProjectRef, sha: str, path: str) -> str | None:
+        """A web page of the file at `path` in commit `sha` that people can open, or None
+        where the forge has no web view of files (the local forge: the dashboard shows them)."""
+        ...
+
     def open_pull_request(
         self, project: ProjectRef, head: str, base: str, title: str, body: str
     ) -> PullRequest: ...

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry
@@ -40,6 +40,7 @@ from app.settings import Settings, redact_text
 T = TypeVar("T")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 _ALREADY_EXISTS = "a pull request already exists"
+_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 # GitHub asks integrations to make content-creating requests serially.
 _WRITE_LOCK = threading.Lock()
 
@@ -244,6 +245,18 @@ class GitHubForge:
 
     def sync_base(self, project: ProjectRef) -> None:
         return None  # the project's repository is the forge: nothing to copy
+
+    def file_url(self, project: ProjectRef, sha: str, path: str) -> str:
+        """`<repository page>/blob/<sha>/<path>`: the file as committed, whatever moves later.
+        The repository page is the API's `html_url` (GitHub Enterprise included), so no token
+        or API host ends up in a link people follow."""
+        if not _SHA.fullmatch(sha):
+            raise InvalidInput(f"expected a full commit sha (40 hex digits), got {sha[:80]!r}")
+        parts = path.split("/")
+        if not path or any(p in ("", ".", "..") for p in parts):
+            raise InvalidInput(f"expected a relative file path inside the repository: {path!r}")
+        page = self._repo(project).html_url
+        return f"{page.rstrip('/')}/blob/{sha}/{quote(path)}"
 
     def open_pull_request(
         self, project: ProjectRef, head: str, base: str, title: str, body: str

@@ -148,6 +148,9 @@ class LocalForge:
         except GitFailed:
             return None
 
+    def file_url(self, project: ProjectRef, sha: str, path: str) -> str | None:
+        return None  # no web view of its own: the dashboard's cycle page shows the files
+
     def _url(self, project: str, number: int) -> str:
         return f"local://{project}/pulls/{number}"
 

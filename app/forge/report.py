@@ -141,7 +141,7 @@ def _accuracy(entry: Mapping[str, Any]) -> str:
     return text + (f" ({reason})" if reason and not passed else "")
 
 
-def _judgement(result: Mapping[str, Any]) -> list[str]:
+def judgement_lines(result: Mapping[str, Any]) -> list[str]:
     """Who computed the figures, and a warning block where the experiment claimed otherwise
     (lesson 9: the control plane judges; the self-report is evidence, not the verdict)."""
     judgement = result.get("judgement")
@@ -191,49 +191,104 @@ def _harness_method(result: Mapping[str, Any], context: ReportContext) -> list[s
     return [method, ""]
 
 
-def _harness_results(result: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    lines: list[str] = []
-    if rows:
-        lines += [
-            "| variant | baseline median | variant median | ratio (B/A) | CI low | CI high "
-            "| verdict | accuracy |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+def variant_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-variant table (medians, ratio and CI, verdict, accuracy), as REPORT.md and the
+    pull request show it."""
+    if not rows:
+        return ["No timing results.", ""]
+    lines = [
+        "| variant | baseline median | variant median | ratio (B/A) | CI low | CI high "
+        "| verdict | accuracy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        pair = _samples(row)
+        if pair:
+            scale, unit = _time_unit(pair[0])
+            a_med = f"{median(pair[0]) / scale:.4g} {unit}"
+            b_med = f"{median(pair[1]) / scale:.4g} {unit}"
+        else:
+            a_med = b_med = "–"
+        cells = [
+            _cell(row.get("variant")),
+            a_med,
+            b_med,
+            _cell(_num(row.get("ratio"))),
+            _cell(_num(row.get("ci_low"))),
+            _cell(_num(row.get("ci_high"))),
+            _cell(row.get("verdict")),
+            _accuracy(row),
         ]
-        for row in rows:
-            pair = _samples(row)
-            if pair:
-                scale, unit = _time_unit(pair[0])
-                a_med = f"{median(pair[0]) / scale:.4g} {unit}"
-                b_med = f"{median(pair[1]) / scale:.4g} {unit}"
-            else:
-                a_med = b_med = "–"
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        _cell(row.get("variant")),
-                        a_med,
-                        b_med,
-                        _cell(_num(row.get("ratio"))),
-                        _cell(_num(row.get("ci_low"))),
-                        _cell(_num(row.get("ci_high"))),
-                        _cell(row.get("verdict")),
-                        _accuracy(row),
-                    ]
-                )
-                + " |"
-            )
-        lines.append("")
-    else:
-        lines += ["No timing results.", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _noise_and_baseline(result: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
     noise = result.get("noise_floor")
     if isinstance(noise, Mapping) and _num(noise.get("floor")) is not None:
         lines += [f"A/A noise floor: {_num(noise.get('floor')):.3g}.", ""]
     baseline = result.get("baseline")
     if isinstance(baseline, Mapping) and isinstance(baseline.get("accuracy"), Mapping):
         lines += [f"Baseline `{_cell(baseline.get('name'))}` accuracy: {_accuracy(baseline)}.", ""]
-    lines += ["![paired samples](plot.svg)", ""]
     return lines
+
+
+def _harness_results(result: Mapping[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    lines = variant_table(rows) + _noise_and_baseline(result)
+    return [*lines, "![paired samples](plot.svg)", ""]
+
+
+def gate_line(result: Mapping[str, Any]) -> str:
+    """The gate applied before the ratio is judged, and its outcome: a command experiment's
+    check gate, a harness experiment's accuracy gate (each variant against the baseline)."""
+    if report_command.is_command(result):
+        return report_command.check_gate(result)
+    gated = [r for r in comparisons(result) if isinstance(r.get("accuracy"), Mapping)]
+    if not gated:
+        return "Accuracy gate: not reported by the experiment."
+    failed = [r for r in gated if r["accuracy"].get("pass") is False]
+    undecided = [r for r in gated if r["accuracy"].get("pass") is None]
+    if failed or undecided:
+        status, named = ("fail", failed) if failed else ("not decided", undecided)
+        which = ", ".join(f"`{_cell(r.get('variant'))}` ({_accuracy(r)})" for r in named)
+        return f"Accuracy gate: **{status}** for {which}."
+    return f"Accuracy gate: **pass** ({len(gated)} of {len(gated)} variants within tolerance)."
+
+
+def results_table(result: Mapping[str, Any]) -> list[str]:
+    """The results table a reviewer reads first: per variant (harness) or per arm (command)."""
+    if report_command.is_command(result):
+        return report_command.arms_table(result)
+    return variant_table(comparisons(result))
+
+
+def environment_lines(result: Mapping[str, Any]) -> list[str]:
+    """The result's environment as a list, one `key: value` per line (values cut at 300)."""
+    env = result.get("environment")
+    if not isinstance(env, Mapping) or not env:
+        return ["–"]
+    lines = []
+    for key in sorted(env):
+        value = env[key]
+        shown = (
+            json.dumps(value, sort_keys=True, default=str)
+            if not isinstance(value, str | int | float | bool)
+            else str(value)
+        )
+        lines.append(f"- {key}: `{shown[:300]}`")
+    return lines
+
+
+def reproduce_lines(result: Mapping[str, Any], context: ReportContext) -> list[str]:
+    """How to run it again: each arm by hand (a command experiment), then the service's
+    command for the whole comparison."""
+    lines = report_command.reproduce_lines(result) if report_command.is_command(result) else []
+    if lines and context.reproduce.strip():
+        lines += ["The whole comparison again, through the service:", ""]
+    if context.reproduce.strip():
+        lines += ["```sh", context.reproduce.strip(), "```"]
+    return lines or ["–"]
 
 
 def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
@@ -250,7 +305,7 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
         "",
         f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**",
         "",
-        *_judgement(result),
+        *judgement_lines(result),
         "## Hypothesis",
         "",
         context.hypothesis.strip() or "–",
@@ -277,31 +332,10 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
         lines += [f"The experiment failed: {_cell(result['error'].get('message'))}", ""]
     lines += report_command.results_lines(result) if command else _harness_results(result, rows)
 
-    lines += ["## Environment", ""]
-    env = result.get("environment")
-    if isinstance(env, Mapping) and env:
-        for key in sorted(env):
-            value = env[key]
-            shown = (
-                json.dumps(value, sort_keys=True, default=str)
-                if not isinstance(value, str | int | float | bool)
-                else str(value)
-            )
-            lines.append(f"- {key}: `{shown[:300]}`")
-    else:
-        lines.append("–")
+    lines += ["## Environment", "", *environment_lines(result)]
     lines += ["", "## Proposed lessons", ""]
     lines += [f"- {lesson}" for lesson in context.lessons] or ["–"]
-    lines += ["", "## Reproduce", ""]
-    by_hand = report_command.reproduce_lines(result) if command else []
-    if by_hand and context.reproduce.strip():
-        by_hand.append("The whole comparison again, through the service:")
-        by_hand.append("")
-    lines += by_hand
-    if context.reproduce.strip():
-        lines += ["```sh", context.reproduce.strip(), "```"]
-    elif not by_hand:
-        lines.append("–")
+    lines += ["", "## Reproduce", "", *reproduce_lines(result, context)]
     for key, value in context.extra.items():
         lines += ["", f"## {key}", "", value]
     return "\n".join(lines).rstrip() + "\n"

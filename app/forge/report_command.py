@@ -164,7 +164,8 @@ def method_lines(result: Mapping[str, Any]) -> list[str]:
     return [text, "", "Commands run, each arm at its own commit:", "", *code_block(commands), ""]
 
 
-def _check_gate(result: Mapping[str, Any]) -> str:
+def check_gate(result: Mapping[str, Any]) -> str:
+    """The check gate's outcome in one line (REPORT.md and the pull request say the same)."""
     metric, name = _metrics(result)
     gate = _mapping(result.get("check"))
     if not gate:
@@ -190,7 +191,8 @@ def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _arms_table(result: Mapping[str, Any]) -> list[str]:
+def arms_table(result: Mapping[str, Any]) -> list[str]:
+    """One row per arm (and the A/A baseline run): its commit, parameters and medians."""
     metric, check = _metrics(result)
     header = ["arm", "commit", "parameters", "runs", f"median {metric}", "min", "max"]
     header += [f"median {check}"] if check else []
@@ -272,7 +274,7 @@ def results_lines(result: Mapping[str, Any]) -> list[str]:
             if part
         )
         lines += [f"A/A noise floor: {floor:.3g}" + (f" ({detail})." if detail else "."), ""]
-    lines += [_check_gate(result), "", "### Arms", "", *_arms_table(result)]
+    lines += [check_gate(result), "", "### Arms", "", *arms_table(result)]
     lines += ["![runs per arm and per-block ratios](plot.svg)", ""]
     return [*lines, "### Runs", "", *_runs_table(result)]
 

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
 from app.jobs import repository as repo
+from app.jobs.models import FINISHED
 from app.jobs.service import get
 from app.settings import Settings
 
@@ -54,7 +55,11 @@ def reap(session: Session, settings: Settings) -> Reaped:
     for lease in repo.expired_leases(session, now):
         job = get(session, lease.job_id)
         repo.delete(session, lease)
-        if job.cancel_requested_at is not None:
+        if job.state == "queued":  # a reservation (reservations.py): the job never ran
+            reaped.requeued.append(job.id)
+        elif job.state in FINISHED:  # a reservation whose job was cancelled meanwhile
+            continue
+        elif job.cancel_requested_at is not None:
             job.state, job.finished_at = "cancelled", now
         elif job.attempts >= job.max_attempts:
             job.state, job.finished_at = "failed", now

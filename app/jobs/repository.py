@@ -43,20 +43,26 @@ def _waiting(queue: str) -> list[ColumnElement[bool]]:
         Job.state == "queued",
         Job.prepared_at.is_not(None),
         Job.cancel_requested_at.is_(None),
+        ~_reserved(),
     ]
 
 
-def _ready_on(host: str) -> ColumnElement[bool]:
-    """The job has a finished preparation on `host`: a worker there may lease it."""
-    return (
-        select(JobPreparation.id)
-        .where(
-            JobPreparation.job_id == Job.id,
-            JobPreparation.host == host,
-            JobPreparation.state == "ready",
-        )
-        .exists()
+def _reserved() -> ColumnElement[bool]:
+    """A queued job with a lease is reserved by a worker for its next run (reservations.py)."""
+    return select(Lease.id).where(Lease.job_id == Job.id).exists()
+
+
+def _ready_on(host: str, before: datetime | None = None) -> ColumnElement[bool]:
+    """The job has a finished preparation on `host` (finished `before`, if given): a worker
+    there may lease it."""
+    query = select(JobPreparation.id).where(
+        JobPreparation.job_id == Job.id,
+        JobPreparation.host == host,
+        JobPreparation.state == "ready",
     )
+    if before is not None:
+        query = query.where(JobPreparation.finished_at <= before)
+    return query.exists()
 
 
 def leasable(
@@ -65,10 +71,11 @@ def leasable(
     limit: int = 20,
     exclude_projects: Sequence[int] = (),
     host: str | None = None,
+    ready_before: datetime | None = None,
 ) -> Sequence[Job]:
     query: Select[Job] = select(Job).where(*_waiting(queue))
     if host is not None:
-        query = query.where(_ready_on(host))
+        query = query.where(_ready_on(host, ready_before))
     if exclude_projects:
         query = query.where(Job.project_id.not_in(exclude_projects))
     query = query.order_by(Job.order_key, Job.id).limit(limit)
@@ -189,11 +196,42 @@ def expired_leases(session: Session, now: datetime) -> Sequence[Lease]:
     return session.scalars(select(Lease).where(Lease.expires_at < now)).all()
 
 
-def active_count(session: Session, project_id: int | None = None) -> int:
-    query = select(func.count()).select_from(Job).where(Job.state.in_(ACTIVE))
+def active_count(
+    session: Session, project_id: int | None = None, besides_worker: str | None = None
+) -> int:
+    """GPUs in use (of `project_id`'s jobs): active jobs, plus workers holding a reservation
+    and no active job in scope. A worker is one GPU: its running job and the one it reserved
+    count once. `besides_worker` leaves that worker out (it asks for its own next job)."""
+    active = select(Job.worker).where(Job.state.in_(ACTIVE))
+    reserving = select(Lease.worker).join(Job, Job.id == Lease.job_id).where(Job.state == "queued")
     if project_id is not None:
-        query = query.where(Job.project_id == project_id)
-    return session.scalar(query) or 0
+        active = active.where(Job.project_id == project_id)
+        reserving = reserving.where(Job.project_id == project_id)
+    if besides_worker is not None:
+        active = active.where(func.coalesce(Job.worker, "") != besides_worker)
+        reserving = reserving.where(Lease.worker != besides_worker)
+    busy = session.scalar(select(func.count()).select_from(active.subquery())) or 0
+    holding = set(session.scalars(reserving)) - set(session.scalars(active))
+    return busy + len(holding)
+
+
+def promote(session: Session, job_id: int, worker: str, now: datetime) -> bool:
+    """The conditional update that starts a reserved job: only if it is still queued and no
+    one asked to cancel it (a cancelled reservation is the worker's to drop)."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.state == "queued", Job.cancel_requested_at.is_(None))
+        .values(
+            state="running",
+            leased_at=now,
+            started_at=now,
+            worker=worker,
+            attempts=Job.attempts + 1,
+            wait_reason=None,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined, no-any-return]
 
 
 def unfinished_standalone(session: Session, project_id: int) -> int:
@@ -233,6 +271,7 @@ def waiting_without_doorbell(session: Session, older_than: datetime) -> Sequence
         .where(
             Job.state == "queued",
             func.coalesce(Job.prepared_at, Job.submitted_at) < older_than,
+            ~_reserved(),  # its worker runs it next
         )
         .order_by(Job.order_key, Job.id)
         .limit(500)

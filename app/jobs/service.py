@@ -22,6 +22,8 @@ from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.forge.git import GitWork
 from app.jobs import repository as repo
+from app.jobs.budgets import blocked_by_budget as blocked_by_budget  # re-exported
+from app.jobs.budgets import budget_scopes, check_scope
 from app.jobs.models import FINISHED, Job, Lease, Worker
 from app.jobs.schemas import JobOut
 from app.projects import service as ops
@@ -167,62 +169,10 @@ def fail_unstarted(session: Session, job_id: int, error: str) -> None:
         session.flush()
 
 
-@dataclass
-class Budget:
-    gpu_hours_per_day: float | None
-    concurrent_gpus: int | None
-
-
-def _budget_scopes(
-    settings: Settings, project: Project | None
-) -> list[tuple[str, int | None, Budget]]:
-    scopes: list[tuple[str, int | None, Budget]] = []
-    if project is not None:
-        scopes.append(
-            (
-                f"project {project.name}",
-                project.id,
-                Budget(project.budget_gpu_hours_per_day, project.budget_concurrent_gpus),
-            )
-        )
-    scopes.append(
-        ("global", None, Budget(settings.budget_gpu_hours_per_day, settings.budget_concurrent_gpus))
-    )
-    return scopes
-
-
-def _check_scope(
-    session: Session, label: str, project_id: int | None, budget: Budget
-) -> str | None:
-    if budget.concurrent_gpus is not None:
-        active = repo.active_count(session, project_id)
-        if active >= budget.concurrent_gpus:
-            return f"peak budget: {label} uses {active}/{budget.concurrent_gpus} GPUs"
-    if budget.gpu_hours_per_day is not None:
-        day_ago = utcnow() - timedelta(days=1)
-        used_h = repo.gpu_seconds_since(session, day_ago, project_id) / 3600
-        if used_h >= budget.gpu_hours_per_day:
-            return (
-                f"average budget: {label} used {used_h:.2f}/{budget.gpu_hours_per_day:g} "
-                "GPU-hours in the last 24 h"
-            )
-    return None
-
-
 def first_waiting(session: Session, queue: str, host: str | None = None) -> Job | None:
     """The prepared job first in line on `queue` (on `host`), no lock: what a worker may get
     ready for."""
     return repo.first_waiting(session, queue, host)
-
-
-def blocked_by_budget(session: Session, settings: Settings, project: Project | None) -> str | None:
-    """Why a job of `project` may not take a GPU now, or None. Peak (concurrent GPUs) and
-    average (GPU-hours per day) are two limits, checked separately, per project and globally."""
-    for label, project_id, budget in _budget_scopes(settings, project):
-        reason = _check_scope(session, label, project_id, budget)
-        if reason is not None:
-            return reason
-    return None
 
 
 def lease_next(
@@ -237,24 +187,53 @@ def lease_next(
     """Lease the oldest prepared job of `queue` that fits both budgets, in one transaction.
 
     Whatever doorbell woke the worker, it takes the job first in the global submission order;
-    a duplicate doorbell finds nothing and is a no-op. A project over its budget is decided
-    once per call and its jobs are skipped in the query, so however many of its jobs wait,
-    the next project's job behind them still leases; every waiting job shows the reason.
+    a duplicate doorbell finds nothing and is a no-op.
     """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
     now = utcnow()
-    globally = _check_scope(session, "global", None, _budget_scopes(settings, None)[0][2])
+    job = choose_next(session, settings, queue=queue, host=host)
+    if job is None or not repo.claim(session, job.id, worker, now):  # claimed under the lock
+        session.flush()
+        return None
+    repo.refresh(session, job)
+    add_lease(session, settings, job, worker=worker, host=host, device=device)
+    return job
+
+
+def choose_next(
+    session: Session,
+    settings: Settings,
+    *,
+    queue: str,
+    host: str,
+    besides_worker: str | None = None,
+    ready_before: datetime | None = None,
+) -> Job | None:
+    """The oldest job of `queue` prepared on `host` that fits both budgets; the caller holds
+    the leasing lock (`repo.lock_leasing`) and claims it.
+
+    A project over its budget is decided once per call and its jobs are skipped in the query,
+    so however many of its jobs wait, the next project's job behind them is chosen; every
+    waiting job shows the reason. `besides_worker` (a worker choosing its next job while it
+    runs one) does not count that worker's own GPU against the budgets; `ready_before` skips
+    jobs whose preparation on `host` finished later.
+    """
+    globally = check_scope(
+        session, "global", None, budget_scopes(settings, None)[0][2], besides_worker
+    )
     if globally is not None:
         repo.set_wait_reason(session, queue, globally)
         return None
     blocked: dict[int, str] = {}
     tried: set[int] = set()
-    leased: Job | None = None
-    while leased is None:
+    chosen: Job | None = None
+    while chosen is None:
         batch = [
             j
-            for j in repo.leasable(session, queue, exclude_projects=list(blocked), host=host)
+            for j in repo.leasable(
+                session, queue, exclude_projects=list(blocked), host=host, ready_before=ready_before
+            )
             if j.id not in tried
         ]
         if not batch:
@@ -265,39 +244,39 @@ def lease_next(
                 continue
             project = projects.find_project_by_id(session, job.project_id)
             assert project is not None
-            label, project_id, budget = _budget_scopes(settings, project)[0]
-            reason = _check_scope(session, label, project_id, budget)
+            label, project_id, budget = budget_scopes(settings, project)[0]
+            reason = check_scope(session, label, project_id, budget, besides_worker)
             if reason is not None:
                 blocked[job.project_id] = reason
                 continue
-            if repo.claim(session, job.id, worker, now):
-                repo.refresh(session, job)
-                leased = job
-                break
-    if leased is not None:
-        # where it runs: the leasing host's own export and venv
-        prepared = repo.preparation(session, leased.id, host)
-        if prepared is not None:
-            leased.workdir, leased.venv_path = prepared.workdir, prepared.venv_path
+            chosen = job
+            break
     for project_id, reason in blocked.items():
         repo.set_wait_reason(session, queue, reason, project_id=project_id)
     repo.clear_wait_reasons(session, queue, keep_projects=list(blocked))
-    if leased is None:
-        session.flush()
-        return None
-    repo.add(
-        session,
-        Lease(
-            job_id=leased.id,
-            worker=worker,
-            host=host,
-            device=device,
-            heartbeat_at=now,
-            expires_at=now + timedelta(seconds=settings.lease_ttl_s),
-        ),
+    return chosen
+
+
+def add_lease(
+    session: Session, settings: Settings, job: Job, *, worker: str, host: str, device: str
+) -> Lease:
+    """The lease row of a claimed (or reserved) job, and where it runs: the leasing host's own
+    export and venv."""
+    prepared = repo.preparation(session, job.id, host)
+    if prepared is not None:
+        job.workdir, job.venv_path = prepared.workdir, prepared.venv_path
+    now = utcnow()
+    lease = Lease(
+        job_id=job.id,
+        worker=worker,
+        host=host,
+        device=device,
+        heartbeat_at=now,
+        expires_at=now + timedelta(seconds=settings.lease_ttl_s),
     )
+    repo.add(session, lease)
     session.flush()
-    return leased
+    return lease
 
 
 def _own_lease(session: Session, job_id: int, worker: str) -> Lease:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 
 from sqlalchemy.exc import IntegrityError
@@ -115,6 +118,7 @@ def revoke_token(session: Session, name: str) -> ApiToken:
         row.revoked_at = utcnow()
         repository.end_signins_of(session, row.id, row.revoked_at)  # its dashboard sessions too
         session.flush()
+    VERIFIED.clear()  # this process honours it at once; others within their cache's TTL
     return row
 
 
@@ -163,6 +167,64 @@ def authenticate(session: Session, token: str | None) -> ApiToken:
         raise Unauthorized("invalid or unknown token")
     if row.revoked_at is not None:
         raise Unauthorized("this token was revoked; create a new one with autopilot token create")
+    return row
+
+
+class VerifiedTokens:
+    """Tokens this process verified recently, by the sha256 of the token: a request presenting
+    one within `ttl_s` of its check skips the database (the trigger path's busiest query).
+
+    Only live tokens are kept, never the token itself. A revocation made in this process clears
+    the cache at once; one made elsewhere (the CLI, another API process) takes effect here within
+    `ttl_s` (AUTOPILOT_TOKEN_CACHE_S; 0 turns the cache off)."""
+
+    MAX_ENTRIES = 1024  # bounded: a full cache is emptied, not grown
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, ApiToken]] = {}
+
+    def get(self, digest: str) -> ApiToken | None:
+        entry = self._entries.get(digest)
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, digest: str, token: ApiToken, ttl_s: float) -> None:
+        with self._lock:
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[digest] = (time.monotonic() + ttl_s, token)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+VERIFIED = VerifiedTokens()
+
+
+def recently_verified(token: str | None, ttl_s: float) -> ApiToken | None:
+    """The token's row when this process verified it in the last `ttl_s` seconds, else None."""
+    return VERIFIED.get(_digest(token)) if token and ttl_s > 0 else None
+
+
+def authenticate_cached(
+    open_session: Callable[[], AbstractContextManager[Session]],
+    token: str | None,
+    ttl_s: float,
+) -> ApiToken:
+    """`authenticate`, answered from `VERIFIED` when this token was verified in the last
+    `ttl_s` seconds; otherwise checked in a session of its own (detached: read-only). The row is
+    shared between requests: read it, never change it."""
+    cached = recently_verified(token, ttl_s)
+    if cached is not None:
+        return cached
+    with open_session() as session:
+        row = authenticate(session, token)
+        session.expunge(row)
+    if ttl_s > 0:
+        VERIFIED.put(row.token_sha256, row, ttl_s)
     return row
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from app import sandbox
+from workers.launcher import deathwatch
 from workers.launcher.runtime import RuntimeDir
 from workers.launcher.venv import inherited_site_dirs
 
@@ -42,7 +43,27 @@ def job_cgroup_name(job_id: int) -> str:
 
 
 def spare_cgroup_name(runtime_name: str) -> str:
-    return f"spare-{runtime_name}{_OWNER}{os.getpid()}"
+    return f"spare-{runtime_name}{owner_suffix()}"
+
+
+def owner_suffix() -> str:
+    """How the names of this worker's cgroups end (`.w<pid>`)."""
+    return f"{_OWNER}{os.getpid()}"
+
+
+def watched(cgroup: sandbox.Cgroup) -> bool:
+    """Whether `cgroup` is killed when this worker dies, whatever kills it: it is named for this
+    worker and the worker's death watch (`deathwatch.py`) runs. A job started in such a cgroup
+    needs no parent-death signal of its own."""
+    suffix = owner_suffix()
+    return cgroup.path.name.endswith(suffix) and deathwatch.ensure(cgroup.path.parent, suffix)
+
+
+def start_death_watch() -> None:
+    """Start this worker's death watch ahead of its first job, so that job's launch does not
+    pay for the watch's start (a host without cgroup v2 or pidfds has none: nothing happens)."""
+    with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+        deathwatch.ensure(sandbox.cgroup_base(), owner_suffix())
 
 
 def _alive(pid: int) -> bool:

@@ -140,6 +140,76 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
+def start(
+    job: LaunchSpec, env: dict[str, str], cgroup: sandbox.Cgroup | None
+) -> subprocess.Popen[bytes]:
+    """Start `job` cold. An unconfined module job in a cgroup its worker's death watch covers
+    starts with no preexec_fn, which lets CPython vfork (`_spawn_placed`); every other job (a
+    command, a sandboxed job, a host without a writable cgroup v2 or pidfds) starts as before,
+    through `spawn`."""
+    policy = job.policy()
+    if job.argv is None and policy is None and cgroup is not None and confine.watched(cgroup):
+        return _spawn_placed(job, env, cgroup)
+    return spawn(job.command(), job.cwd, env, subprocess.DEVNULL, policy=policy, cgroup=cgroup)
+
+
+#: What a placed module job runs before its module: wait until the worker has moved this
+#: process into the job's cgroup (one byte on the pipe argv[1]; end of file: the worker died
+#: first, so exit before any user code), then become `python -m <argv[2]>` exactly as `-m` does
+#: (runpy, as the parked interpreter does; its own name is removed from `__main__` first).
+_PLACED = """\
+def _autopilot_placed():
+    import os, runpy, sys
+    go, entry = int(sys.argv[1]), sys.argv[2]
+    del sys.argv[1:]
+    placed = os.read(go, 1) == b"G"
+    os.close(go)
+    if not placed:
+        os._exit(125)
+    del sys.modules["__main__"].__dict__["_autopilot_placed"]
+    runpy._run_module_as_main(entry)
+_autopilot_placed()
+"""
+
+
+def _spawn_placed(
+    job: LaunchSpec, env: dict[str, str], cgroup: sandbox.Cgroup
+) -> subprocess.Popen[bytes]:
+    """Start the module job with vfork, then move it into `cgroup` from here while its
+    interpreter starts up. The move waits for an RCU grace period in the kernel (5-18 ms here
+    when no other move preceded it); done from the parent it overlaps the child's own start
+    instead of delaying it. The child runs no code of the job before it is in the cgroup, and
+    none at all if the worker died before moving it (the pipe's end of file)."""
+    go, ready = os.pipe()
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
+            [str(job.python), "-c", _PLACED, str(go), job.entry],
+            cwd=job.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # the child leads its own group: pgid == pid
+            close_fds=True,
+            pass_fds=(go,),
+        )
+    except BaseException:
+        os.close(ready)
+        raise
+    finally:
+        os.close(go)
+    try:
+        cgroup.add(proc.pid)
+        os.write(ready, b"G")
+    except OSError:
+        killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        os.close(ready)
+    return proc
+
+
 def spawn(
     argv: list[str],
     cwd: Path,
@@ -153,14 +223,16 @@ def spawn(
     """Start `argv`, under bubblewrap when there is a `policy` (which then holds its cwd and
     environment), in `cgroup` when there is one."""
     run_cwd: Path | None = cwd
+    if cgroup is not None:
+        confine.watched(cgroup)  # the death watch removes it too if the worker dies
     if policy is not None:
         # bwrap itself gets an empty environment: --clearenv hides it from the job, but the
         # sandbox's pid 1 is bwrap, whose /proc/1/environ the job can read.
         argv, env, run_cwd = sandbox.command(argv, policy), {}, None
-    # The preexec_fn makes CPython fork() instead of vfork(): about 3-5 ms a launch here
-    # (bench/launch.py, docs/benchmarks.md). Exec'ing util-linux `setpriv --pdeathsig` instead
-    # measured no better (an extra exec), so the job's death with the worker is kept this way.
-    # Under bwrap it applies to bwrap, whose --die-with-parent takes the sandbox down in turn.
+    # The preexec_fn makes CPython fork() instead of vfork(): about 3 ms a launch here
+    # (bench/launch.py, docs/benchmarks.md); `start` avoids it where it can. Here it joins the
+    # cgroup before anything is exec'd and sets the parent-death signal; under bwrap the
+    # signal applies to bwrap, whose --die-with-parent takes the sandbox down in turn.
     return subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
         argv,
         cwd=run_cwd,

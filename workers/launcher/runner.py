@@ -2,7 +2,8 @@
 
 The job runs as `<venv>/bin/python -m <entry>` in its own session and process group with a
 scrubbed environment (`environment.py`), under bubblewrap when the host's sandbox is on
-(`confine.py`), in a cgroup of its own. It dies with the worker (PR_SET_PDEATHSIG), is
+(`confine.py`), in a cgroup of its own. It dies with the worker (the death watch kills the
+worker's cgroups, `deathwatch.py`; without a cgroup, PR_SET_PDEATHSIG), is
 stopped as a whole on timeout (SIGTERM, a grace period, SIGKILL), and whatever it leaves in
 its cgroup (or, without one, its group) when it exits is killed, so no grandchild outlives the
 job, not even one that called setsid().
@@ -30,7 +31,7 @@ from typing import Any
 
 from app import sandbox
 from workers.launcher import confine
-from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, spawn
+from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, start
 from workers.launcher.runtime import RuntimeDirError
 from workers.launcher.spare import Spare
 
@@ -165,13 +166,17 @@ def run_job(
     on_event: EventCallback | None = None,
     on_spawn: SpawnCallback | None = None,
     spare: Spare | None = None,
+    deferred: list[Callable[[], None]] | None = None,
 ) -> Outcome:
     """Run the experiment to completion (or its time limit) and return what happened.
 
-    Must be called from the thread that lives as long as the job: PR_SET_PDEATHSIG fires
-    when the spawning *thread* exits. With `spare`, the job runs in that parked interpreter
-    when it fits and takes the job (`Outcome.launch == "spare"`), else the job starts cold
-    (`Outcome.spare_missed` says why); either way the spare is used up.
+    Must be called from the thread that lives as long as the job: where the job has no
+    watched cgroup, PR_SET_PDEATHSIG fires when the spawning *thread* exits. With `spare`,
+    the job runs in that parked interpreter when it fits and takes the job
+    (`Outcome.launch == "spare"`), else the job starts cold (`Outcome.spare_missed` says
+    why); either way the spare is used up. With `deferred`, the job's cgroup (already killed
+    when its leader exited) is removed later, by whoever runs what is appended there: a GPU
+    worker does it once the next job has started.
     """
     lim = limits or Limits()
     launch, missed = "cold", None
@@ -206,14 +211,7 @@ def run_job(
                         cgroup = _open_cgroup(job)
             if proc is None:
                 try:
-                    proc = spawn(
-                        job.command(),
-                        job.cwd,
-                        env,
-                        subprocess.DEVNULL,
-                        policy=job.policy(),
-                        cgroup=cgroup,
-                    )
+                    proc = start(job, env, cgroup)
                 except OSError as exc:
                     raise LaunchError(f"cannot start {shlex.join(job.command())}: {exc}") from exc
             outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn, cgroup)
@@ -228,8 +226,19 @@ def run_job(
             spare.close()
         if cgroup is not None:
             # Whatever the job left, however it detached, goes with its cgroup.
-            with contextlib.suppress(sandbox.SandboxUnavailable):
-                cgroup.remove()
+            if deferred is not None:
+                deferred.append(_remover(cgroup))
+            else:
+                with contextlib.suppress(sandbox.SandboxUnavailable):
+                    cgroup.remove()
+
+
+def _remover(cgroup: sandbox.Cgroup) -> Callable[[], None]:
+    def remove() -> None:
+        with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            cgroup.remove()
+
+    return remove
 
 
 def _write_spec(job: LaunchSpec) -> None:

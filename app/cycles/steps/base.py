@@ -3,13 +3,15 @@ settings, and the few reads and git handles several steps need."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from app.cycles import repository, service
+from app.cycles.judge import judge
 from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge.base import Forge, ProjectRef
 from app.forge.git import CycleBranch, GitWork, slugify
+from app.jobs import service as jobs
 from app.settings import Settings
 
 
@@ -35,6 +37,15 @@ class Step:
             ref = ProjectRef.of(service.project_of(session, cycle))
             repository.detach(session, cycle)
             return cycle, ref
+
+    def judged(self, cycle_id: int) -> dict[str, Any]:
+        """The control plane's judgement of the cycle's job result (`judge.py`: a pure
+        computation, so every step that asks gets the verdict the cycle holds)."""
+        with self.stores.ops_session() as session:
+            job = jobs.for_cycle(session, cycle_id)
+            assert job is not None
+            raw, spec = dict(job.result or {}), dict(job.spec or {})
+        return judge(raw, spec)
 
     def git(self) -> GitWork:
         return GitWork(self.settings)

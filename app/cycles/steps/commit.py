@@ -7,12 +7,9 @@ where the experiment's self-report disagreed with it."""
 from __future__ import annotations
 
 from app.cycles import repository, service
-from app.cycles.judge import judge
 from app.cycles.pull_request import report_context
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
-from app.forge.base import ProjectRef
-from app.jobs import service as jobs
 
 
 class Commit(Step):
@@ -21,14 +18,8 @@ class Commit(Step):
 
     def run(self, cycle_id: int) -> bool:
         forge = forge_service.forge_for(self.settings, self.stores)
-        with self.stores.ops_session() as session:
-            cycle = service.get(session, cycle_id)
-            ref = ProjectRef.of(service.project_of(session, cycle))
-            job = jobs.for_cycle(session, cycle_id)
-            assert job is not None
-            raw, spec = dict(job.result or {}), dict(job.spec or {})
-            repository.detach(session, cycle)
-        result = judge(raw, spec)
+        cycle, ref = self.detached(cycle_id)
+        result = self.judged(cycle_id)
         branch = self.branch(cycle, ref, forge)
         sha = forge_service.commit_results(self.git(), branch, result, report_context(cycle, ref))
         with self.stores.ops_session() as session:

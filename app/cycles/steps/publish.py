@@ -7,7 +7,7 @@ from app.cycles import repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.headline import verdict_statement
 from app.cycles.models import Cycle
-from app.cycles.pull_request import pr_body, pr_title
+from app.cycles.pull_request import links, pr_body, pr_title
 from app.cycles.steps.base import Step
 from app.errors import Unavailable
 from app.forge import report
@@ -27,7 +27,9 @@ class Publish(Step):
         forge = forge_service.forge_for(self.settings, self.stores)
         cycle, ref = self.detached(cycle_id)
         branch = self.branch(cycle, ref, forge)
+        result = self.judged(cycle_id)
         try:
+            where = links(cycle, ref, forge, self.settings.dashboard_base_url)
             pr = forge_service.publish(
                 self.git(),
                 forge,
@@ -35,7 +37,7 @@ class Publish(Step):
                 branch,
                 str(cycle.id),
                 title=pr_title(cycle),
-                body=pr_body(cycle),
+                body=pr_body(cycle, ref, result, where),
             )
         except Unavailable as exc:
             raise Transient(exc.detail) from exc

@@ -40,6 +40,7 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("post", "/api/v1/cycles/{cycle_id}/cancel"): "trigger",
     ("post", "/api/v1/cycles/{cycle_id}/review"): "review",
     ("post", "/api/v1/projects/{name}/autopilot"): "trigger",
+    ("get", "/api/v1/projects/{name}/plot"): None,
 }
 
 

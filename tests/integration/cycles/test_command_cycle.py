@@ -17,6 +17,8 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
+from app.forge.base import ProjectRef
+from app.forge.local import LocalForge
 from app.jobs.models import Job
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
@@ -195,6 +197,23 @@ def test_a_parameter_that_doubles_the_work_is_judged_slower(
     assert judged["verdict"] == "slower" and judged["judgement"]["by"] == "control-plane"
     assert judged["check"]["pass"] is True
     assert "**Verdict: slower**" in committed(workers, "tiny-train", cycle, "REPORT.md")
+
+    # The pull request's body stands alone: verdict with ratio and CI, the check gate, the
+    # per-arm table, the plot (the dashboard's, on the local forge), each arm by hand.
+    ref = ProjectRef("tiny-train", str(repo))
+    body = LocalForge(workers.settings, stores).get_pull_request(ref, cycle["pr_number"]).body
+    page = f"{workers.settings.dashboard_base_url}/cycles/{cycle['id']}"
+    for expected in (
+        f"**Verdict: slower**, ratio {head['ratio']:.3f} [{head['ci_low']:.3f}, ",
+        "Check gate `check` (lower is better, tolerance 5%): **pass**",
+        "| arm | commit | parameters | runs | median step_ms |",
+        "| candidate | ",
+        f"]({page}/plot.svg)",
+        "git checkout ",
+        "python train.py --width=32 --batch=16",
+        f"[dashboard]({page})",
+    ):
+        assert expected in body, (expected, body)
 
 
 def test_an_agents_code_change_is_judged_head_against_base(

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 from fastapi.testclient import TestClient
 
 from app.cycles.models import Cycle
+from app.cycles.pull_request import links, pr_body, pr_title
 from app.db import Stores
 from app.forge.local import LocalForge
 from app.memory import service as memory
 from app.memory.schemas import FindingCreate
 from app.settings import Settings
 from tests.integration.dashboard.conftest import CycleFactory, login
+from tests.integration.forge.pr_cycles import harness_cycle
 
 EVIL = '<script>alert("x")</script><b>bold</b>'
 
@@ -250,3 +253,49 @@ def test_unknown_cycle_is_a_404_page(client: TestClient, tokens: dict[str, str])
     page = client.get("/dashboard/cycles/4242")
     assert page.status_code == 404 and "no cycle 4242" in page.text
     assert page.headers["content-type"].startswith("text/html")
+
+
+def test_local_pr_page_shows_the_pull_request_body_as_github_would(
+    client: TestClient,
+    tokens: dict[str, str],
+    cycles: CycleFactory,
+    stores: Stores,
+    settings: Settings,
+) -> None:
+    """The body Publish writes, on the local forge's PR page: verdict, gate, table, the plot
+    (from the dashboard's own route), reproduce line and links; nothing of it as raw HTML."""
+    made = cycles.make(with_pr=False, hypothesis=EVIL)
+    with stores.ops_session() as session:
+        cycle = session.get(Cycle, made.cycle_id)
+        assert cycle is not None and cycle.branch
+        session.expunge(cycle)
+    forge = LocalForge(settings, stores)
+    _, result = harness_cycle()
+    where = links(cycle, made.project, forge, settings.dashboard_base_url)
+    assert where.plot == f"{settings.dashboard_base_url}/cycles/{made.cycle_id}/plot.svg"
+    subprocess.run(
+        ["git", "-C", str(made.repo), "push", "-q", forge.remote_url(made.project), cycle.branch],
+        check=True,
+    )
+    pr = forge.open_pull_request(
+        made.project,
+        cycle.branch,
+        "main",
+        pr_title(cycle),
+        pr_body(cycle, made.project, result, where),
+    )
+    with stores.ops_session() as session:
+        row = session.get(Cycle, made.cycle_id)
+        assert row is not None
+        row.pr_number, row.pr_url = pr.number, pr.url
+    login(client, tokens["review"])
+    page = client.get(f"/dashboard/cycles/{made.cycle_id}").text
+    start = page.index('<h2 id="pr-body-h">')
+    shown = page[start : page.index("</section>", start)]
+    assert "<strong>Verdict: faster</strong>, ratio 0.800 [0.750, 0.860]" in shown
+    assert "Accuracy gate: <strong>pass</strong>" in shown
+    assert "<table>" in shown and "<td>fused</td>" in shown
+    assert f'<img src="/dashboard/cycles/{made.cycle_id}/plot.svg" alt="paired samples"' in shown
+    assert "autopilot job submit --project probe-dash --experiment probe" in shown
+    assert f'href="{where.dashboard}"' in shown and f'href="{where.findings}"' in shown
+    assert "<script>alert" not in shown and "&lt;script&gt;alert" in shown

@@ -137,6 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "full_name": f"{gh.owner}/{gh.repo}",
                     "owner": {"login": gh.owner, "id": 7},
                     "url": gh.repo_url(),
+                    "html_url": f"https://github.example/{gh.owner}/{gh.repo}",
                     "default_branch": "main",
                 },
                 {},

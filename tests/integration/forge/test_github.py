@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from github import Auth
 from pydantic import SecretStr
 
+from app.cycles.models import Cycle
+from app.cycles.pull_request import links, pr_body, pr_title
+from app.errors import InvalidInput
 from app.forge.base import ProjectRef
 from app.forge.exceptions import (
     ForgeUnavailable,
@@ -19,6 +23,7 @@ from app.forge.exceptions import (
 )
 from app.forge.github import GitHubForge, github_repo
 from tests.integration.forge.github_fake import FakeGitHub, Fault, serve
+from tests.integration.forge.pr_cycles import COMMIT, DASHBOARD, command_cycle, harness_cycle
 
 TOKEN = "ghp_TESTtokenThatMustNeverAppear0123456789"
 PROJECT = ProjectRef("spectral", "https://github.example/lab/research.git", "main")
@@ -228,3 +233,49 @@ def test_live_github(tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # typ
         forge.close(project, first.number)
         gh_repo.get_git_ref(f"heads/{wt.branch}").delete()
     assert token not in caplog.text
+
+
+@pytest.mark.parametrize("make", [harness_cycle, command_cycle], ids=["harness", "command"])
+def test_the_pull_request_body_stands_alone_on_github(
+    fake: FakeGitHub, forge: GitHubForge, make: Callable[[], tuple[Cycle, dict[str, Any]]]
+) -> None:
+    """What GitHub receives: the verdict with ratio and CI, the gate, the results table, the
+    plot as an image of the file at the results commit, hypothesis, environment, reproduce
+    line and the dashboard and findings links; no token anywhere."""
+    cycle, result = make()
+    where = links(cycle, PROJECT, forge, DASHBOARD)
+    forge.open_pull_request(
+        PROJECT,
+        f"{HEAD}-{cycle.id}",
+        "main",
+        pr_title(cycle),
+        pr_body(cycle, PROJECT, result, where),
+    )
+    body = fake.pulls[-1]["body"]
+    blob = f"https://github.example/lab/research/blob/{COMMIT}/results/{cycle.id}"
+    command = cycle.experiment == "train"
+    for expected in (
+        f"**Verdict: {cycle.verdict}**, ratio ",
+        "(candidate / baseline, 95% bootstrap CI; A/A noise floor",
+        "Check gate `val_loss`" if command else "Accuracy gate: **pass**",
+        "| arm | commit |" if command else "| variant | baseline median |",
+        f"]({blob}/plot.svg?raw=true)",
+        f"[the whole report, REPORT.md]({blob}/REPORT.md)",
+        "## Hypothesis\n\nFusing the two FFT passes halves the time",
+        "## What changed\n\nkernel.py fuses the passes",
+        "## Environment",
+        f"autopilot job submit --project spectral --experiment {cycle.experiment}",
+        f"[dashboard]({DASHBOARD}/cycles/{cycle.id})",
+        f"[the findings it proposes]({DASHBOARD}/cycles/{cycle.id}#own-h)",
+    ):
+        assert expected in body, expected
+    assert TOKEN not in body and "/api/v3" not in body
+
+
+def test_file_urls_refuse_what_is_not_a_commit_or_a_repository_path(forge: GitHubForge) -> None:
+    assert forge.file_url(PROJECT, COMMIT, "results/7/plot.svg") == (
+        f"https://github.example/lab/research/blob/{COMMIT}/results/7/plot.svg"
+    )
+    for sha, path in (("main", "a.txt"), ("c" * 39, "a.txt"), (COMMIT, "../a"), (COMMIT, "")):
+        with pytest.raises(InvalidInput):
+            forge.file_url(PROJECT, sha, path)

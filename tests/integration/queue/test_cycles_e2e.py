@@ -275,6 +275,21 @@ def test_cycle_against_the_github_forge(workers: Workers, stores: Stores, tmp_pa
         (pr,) = fake.pulls
         assert pr["head"]["ref"] == cycle["branch"] and cycle["pr_number"] == pr["number"]
         assert all(header.endswith(secret) for header in fake.auth_headers)
+    # The body stands alone on GitHub: verdict, gate, table, the plot at the results commit,
+    # the reproduce line and the dashboard link.
+    body = pr["body"]
+    blob = f"https://github.example/lab/research/blob/{cycle['commit_sha']}/results/{cycle_id}"
+    for expected in (
+        f"**Verdict: {cycle['verdict']}**, ratio ",
+        "Accuracy gate: ",
+        "| variant | baseline median | variant median |",
+        f"]({blob}/plot.svg?raw=true)",
+        f"[the whole report, REPORT.md]({blob}/REPORT.md)",
+        "autopilot job submit --project probe-gh --experiment probe",
+        f"/dashboard/cycles/{cycle_id})",
+    ):
+        assert expected in body, (expected, body)
+    assert secret not in body
     files = subprocess.run(
         ["git", "--git-dir", str(remote), "ls-tree", "-r", "--name-only", cycle["branch"]],
         capture_output=True,

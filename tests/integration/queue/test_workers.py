@@ -178,3 +178,35 @@ def test_the_next_job_runs_in_the_interpreter_parked_for_it(
     assert again != parked
     workers.kill("gpu")
     wait_for(lambda: not Path(f"/proc/{again}").exists(), timeout=10)
+
+
+def test_the_next_job_is_reserved_while_one_runs_and_each_runs_once(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path, "probe-r")
+    workers.start("control", "control")
+    # every job this host has ready is reserved at once (one worker: no idle GPU to wait for)
+    workers.start(
+        "gpu", "gpu", "--kind", "cpu", "--device", "0", env={"AUTOPILOT_GPU_RESERVE_AFTER_S": "0"}
+    )
+    ids = [submit(stores, workers, repo, sleep_s=s) for s in (3, 0.5, 0.5, 0.05)]
+    done = [wait_for(lambda i=i: finished(stores, i), timeout=180) for i in ids]
+    assert [d.state for d in done] == ["succeeded"] * 4, workers.logs()
+    assert [len(runs(workers, i)) for i in ids] == [1, 1, 1, 1]
+    assert [d.attempts for d in done] == [1, 1, 1, 1]
+    # A job prepared while the one before it ran was reserved at that job's first line and
+    # handed over when it ended; its start was recorded with the previous job's outcome.
+    reserved = [
+        d
+        for d in done
+        if "[launch] reserved while the previous job ran" in Path(d.log_path or "").read_text()
+    ]
+    assert reserved, [Path(d.log_path or "").read_text() for d in done]
+    for d in reserved:
+        before = done[ids.index(d.id) - 1]
+        assert before.finished_at is not None and d.first_line_at is not None
+        assert d.idle_gap_s is not None and d.idle_gap_s >= 0
+    with stores.ops_session() as session:
+        from app.jobs.models import Lease
+
+        assert session.query(Lease).count() == 0  # nothing left reserved or leased

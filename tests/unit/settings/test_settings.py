@@ -92,6 +92,19 @@ def test_control_url_must_be_a_plain_http_url(value: str) -> None:
     assert "ap_tok" not in line
 
 
+def test_dashboard_url_defaults_to_the_apis_dashboard_and_refuses_credentials() -> None:
+    assert make().dashboard_base_url == "http://127.0.0.1:8000/dashboard"
+    moved = make().model_copy(update={"control_url": "http://10.0.0.5:9000"})
+    assert moved.dashboard_base_url == "http://10.0.0.5:9000/dashboard"
+    public = make(dashboard_url="https://autopilot.lab.example/dashboard/")
+    assert public.dashboard_base_url == "https://autopilot.lab.example/dashboard"
+    for value in ("autopilot.lab/dashboard", "https://rev:ghp_tok@autopilot.lab/dashboard"):
+        with pytest.raises(ValidationError) as caught:
+            make(dashboard_url=value)
+        (line,) = describe_validation_error(caught.value)
+        assert line.startswith("AUTOPILOT_DASHBOARD_URL:") and "ghp_tok" not in line
+
+
 def test_redact_url_and_text() -> None:
     assert redact_url("https://x-access-token:tok@github.com/o/r.git") == (
         "https://x-access-token:***@github.com/o/r.git"

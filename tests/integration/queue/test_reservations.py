@@ -1,0 +1,156 @@
+"""Reservations (app/jobs/reservations.py) on the real stores: a worker's next job, leased while
+its current job runs. Its place in the order, the budgets, cancellation, the reaper, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from app.db import Stores
+from app.jobs import reaping, reservations
+from app.jobs import repository as repo
+from app.jobs import service as jobs
+from app.jobs.models import JobPreparation, Lease
+from app.settings import Settings
+from tests.integration.queue.test_jobs_service import (
+    expire_lease,
+    finish,
+    lease,
+    make_project,
+    row,
+    submit,
+)
+
+
+def reserve(
+    stores: Stores, settings: Settings, worker: str = "w1", after_s: float = 0.0
+) -> int | None:
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": after_s})
+    with stores.ops_session() as session:
+        job = reservations.reserve_next(session, at_once, queue="gpu.cpu", worker=worker, device="")
+        return job.id if job else None
+
+
+def start(stores: Stores, job_id: int, worker: str = "w1") -> None:
+    with stores.ops_session() as session:
+        reservations.start_reserved(session, job_id, worker, 4242, 4242)
+
+
+def test_a_reserved_job_keeps_its_place_and_is_no_one_elses(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    first, second, third = (submit(stores, settings, "alpha") for _ in range(3))
+    assert lease(stores, settings, "w1") == first
+    assert reserve(stores, settings, "w1") == second
+    reserved = row(stores, second)
+    assert (reserved.state, reserved.attempts, reserved.workdir) == ("queued", 0, "/w")
+    # another worker skips it and takes the job behind it
+    assert lease(stores, settings, "w2") == third
+    # the reservation is a lease: the first worker's heartbeat renews it
+    with stores.ops_session() as session:
+        assert reservations.renew(session, settings, second, "w1")
+        assert not reservations.renew(session, settings, second, "w2")
+    finish(stores, first, "w1")
+    start(stores, second, "w1")
+    started = row(stores, second)
+    assert (started.state, started.attempts, started.worker) == ("running", 1, "w1")
+    assert started.started_at is not None and started.leased_at is not None
+    with stores.ops_session() as session:
+        lease_row = repo.lease_of(session, second)
+        assert lease_row is not None and lease_row.pid == 4242
+
+
+def test_a_worker_is_one_gpu_for_the_peak_budget(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha", budget_concurrent_gpus=1)
+    running, nxt, other = (submit(stores, settings, "alpha") for _ in range(3))
+    assert lease(stores, settings, "w1") == running
+    # its own next job fits: its GPU passes from one job to the next
+    assert reserve(stores, settings, "w1") == nxt
+    with stores.ops_session() as session:
+        assert repo.active_count(session, None) == 1
+        assert repo.active_count(session, None, besides_worker="w1") == 0
+    # a second worker does not get a GPU for the project
+    assert lease(stores, settings, "w2") is None
+    assert "peak budget" in (row(stores, other).wait_reason or "")
+    # nor a reservation: w2 holds nothing, and w1 already uses the project's one GPU
+    assert reserve(stores, settings, "w2") is None
+
+
+def test_the_global_peak_budget_counts_a_reserving_worker_once(
+    stores: Stores, settings: Settings
+) -> None:
+    capped = settings.model_copy(update={"budget_concurrent_gpus": 1})
+    make_project(stores, "alpha")
+    ids = [submit(stores, capped, "alpha") for _ in range(3)]
+    assert lease(stores, capped, "w1") == ids[0]
+    assert reserve(stores, capped, "w1") == ids[1]
+    assert lease(stores, capped, "w2") is None
+
+
+def test_a_job_cancelled_while_reserved_is_dropped(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha")
+    running, nxt = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    with stores.ops_session() as session:
+        jobs.cancel(session, nxt, "someone")
+    assert row(stores, nxt).state == "cancelled"
+    with pytest.raises(jobs.LeaseLost, match="cancelled"):
+        start(stores, nxt, "w1")
+    with stores.ops_session() as session:
+        assert not reservations.renew(session, settings, nxt, "w1")
+        assert repo.lease_of(session, nxt) is None  # dropped at the renewal
+    assert row(stores, nxt).state == "cancelled"
+
+
+def test_a_lapsed_reservation_returns_to_the_queue_unspent(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    running, nxt = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    expire_lease(stores, nxt)
+    with stores.ops_session() as session:
+        reaped = reaping.reap(session, settings)
+    assert nxt in reaped.requeued
+    back = row(stores, nxt)
+    assert (back.state, back.attempts) == ("queued", 0)
+    # the worker that lost it cannot start it; another worker leases it, first in line
+    with pytest.raises(jobs.LeaseLost):
+        start(stores, nxt, "w1")
+    assert lease(stores, settings, "w2") == nxt
+
+
+def test_a_released_reservation_is_first_in_line_again(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha")
+    running, nxt, later = (submit(stores, settings, "alpha") for _ in range(3))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    with stores.ops_session() as session:
+        reservations.release(session, nxt, "w2")  # not its own: nothing happens
+        assert session.query(Lease).filter(Lease.job_id == nxt).count() == 1
+        reservations.release(session, nxt, "w1")
+    assert lease(stores, settings, "w2") == nxt
+    assert lease(stores, settings, "w3") == later
+
+
+def test_a_job_just_prepared_is_left_for_an_idle_worker(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha")
+    running, fresh = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    # ready for less than gpu_reserve_after_s: an idle worker's doorbell may be on its way
+    assert reserve(stores, settings, "w1", after_s=60) is None
+    assert lease(stores, settings, "w2") == fresh
+    # one that waited that long has no idle GPU to go to
+    later = submit(stores, settings, "alpha")
+    with stores.ops_session() as session:
+        session.execute(
+            update(JobPreparation)
+            .where(JobPreparation.job_id == later)
+            .values(finished_at=jobs.utcnow() - timedelta(seconds=61))
+        )
+    assert reserve(stores, settings, "w1", after_s=60) == later
