@@ -46,6 +46,7 @@ def secret_values(settings: Settings) -> list[str]:
         settings.github_app_private_key,
         settings.session_secret,
         settings.control_token,
+        settings.token,
     ):
         if secret is not None and secret.get_secret_value():
             found.add(secret.get_secret_value())

@@ -13,7 +13,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
+    SettingsConfigDict,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -55,6 +60,11 @@ class Settings(BaseSettings):
     )
     control_token: SecretStr | None = Field(
         default=None, description="A GPU host's token (scope worker) for the control host's API."
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="A person's token for the CLI's remote commands (`autopilot --api URL`); "
+        "`autopilot login` keeps one in the CLI's config file instead.",
     )
     session_secret: SecretStr | None = Field(
         default=None, description="Signs dashboard cookies; generated in the state dir if unset."
@@ -285,6 +295,22 @@ def _base_url(value: str, expected: str) -> str:
             "AUTOPILOT_CONTROL_TOKEN)"
         )
     return value
+
+
+def check_control_url(value: str) -> str:
+    """The API's base URL as the CLI is given it (`--api`): never empty."""
+    expected = "the API's base URL, e.g. http://control.lab:8000"
+    checked = _base_url(value, expected)
+    if not checked:
+        raise ValueError(f"expected {expected}")
+    return checked
+
+
+def given_settings() -> dict[str, str]:
+    """The settings this host sets itself (not defaults), each with where: env or .env file."""
+    given = {name: "the .env file" for name in DotEnvSettingsSource(Settings)()}
+    given.update({name: "the environment" for name in EnvSettingsSource(Settings)()})
+    return given
 
 
 # `scheme://userinfo@`: the userinfo runs to the authority's last '@' (a password may hold an

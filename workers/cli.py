@@ -6,6 +6,7 @@ It lives in `workers` so that `app` never imports `workers` (dependencies point 
 from __future__ import annotations
 
 from app.cli.main import cli
+from app.cli.main import main as run_cli
 from workers.demo import demo_command
 from workers.launcher.cli import doctor_app
 from workers.worker_cli import beat_command, worker_app
@@ -17,7 +18,7 @@ cli.command("demo")(demo_command)
 
 
 def main() -> None:
-    cli()
+    run_cli()  # every failure as one line (app.cli.failures)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 
+from app.client import problem_detail, without_token
 from app.jobs.logs import tail_text
 from app.jobs.paths import LOG_TAIL_BYTES
 from app.settings import Settings, redact_text
@@ -55,24 +56,7 @@ def upload_log(
     except (OSError, httpx.HTTPError) as exc:
         # `from None`: a chained httpx error carries the request, headers and all.
         reason = f"{type(exc).__name__}: {exc}"
-        raise LogUploadFailed(_without(f"cannot upload {where}: {reason}", token)) from None
+        raise LogUploadFailed(without_token(f"cannot upload {where}: {reason}", token)) from None
     if response.status_code >= 400:
-        reason = f"HTTP {response.status_code}: {_detail(response)}"
-        raise LogUploadFailed(_without(f"cannot upload {where}: {reason}", token))
-
-
-def _detail(response: httpx.Response) -> str:
-    """The problem's `detail` when the answer is problem+json, else the start of the body."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200] or response.reason_phrase
-    if isinstance(body, dict) and isinstance(body.get("detail"), str):
-        return str(body["detail"])
-    return response.text[:200]
-
-
-def _without(message: str, token: str) -> str:
-    # Defence in depth: neither the control host's answer nor an httpx error should echo the
-    # token, but a message that leaves this module never holds it.
-    return message.replace(token, "***") if token else message
+        reason = f"HTTP {response.status_code}: {problem_detail(response)}"
+        raise LogUploadFailed(without_token(f"cannot upload {where}: {reason}", token))

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 from pydantic import ValidationError
-from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource, SettingsError
+from pydantic_settings import SettingsError
 from sqlalchemy.engine import make_url
 
 from app import migrate, sandbox
@@ -28,6 +28,7 @@ from app.settings import (
     ENV_PREFIX,
     Settings,
     describe_validation_error,
+    given_settings,
     redact_text,
     redact_url,
 )
@@ -64,13 +65,6 @@ class Check:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
-
-
-def given_settings() -> dict[str, str]:
-    """The settings this host sets itself (not defaults), each with where: env or .env file."""
-    given = {name: "the .env file" for name in DotEnvSettingsSource(Settings)()}
-    given.update({name: "the environment" for name in EnvSettingsSource(Settings)()})
-    return given
 
 
 def run_checks(kind: str | None = None) -> list[Check]:

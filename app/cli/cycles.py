@@ -1,4 +1,5 @@
-"""`autopilot cycle run|list|show|cancel`: research cycles from the command line."""
+"""`autopilot cycle run|list|show|cancel`: research cycles from the command line, on the control
+host's stores or through its API (`--api`, see `app.cli.backend`)."""
 
 from __future__ import annotations
 
@@ -6,24 +7,15 @@ import time
 from typing import Annotated, Any
 
 import typer
-from sqlalchemy.orm import Session
 
-from app import broker
-from app.cli.common import echo_json, exit_on_domain_error, load_settings, open_stores
-from app.cycles import service
-from app.cycles.models import Cycle
-from app.cycles.schemas import CycleOut, StepOut
+from app.cli.backend import choose
+from app.cli.common import echo_json, echo_table, exit_on_domain_error
+from app.cycles.states import SETTLED
 from app.errors import AutopilotError
-from app.jobs import service as jobs
 
 cycle_app = typer.Typer(help="Research cycles: run, list, show, cancel.", no_args_is_help=True)
 
-
-def _row(session: Session, cycle: Cycle) -> dict[str, Any]:
-
-    out = CycleOut.model_validate(cycle)
-    out.job_id = jobs.ids_for_cycles(session, [cycle.id]).get(cycle.id)
-    return out.model_dump(mode="json")
+POLL_S = 0.5
 
 
 @cycle_app.command("run")
@@ -34,36 +26,20 @@ def cycle_run(
     wait: Annotated[bool, typer.Option("--wait", help="Follow until review or an end")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Trigger a cycle (needs a running control worker to advance it)."""
+    """Trigger a cycle (a control worker advances it)."""
 
-    settings = load_settings()
-    stores = open_stores(settings)
+    backend = choose()
     try:
-        with stores.ops_session() as session:
-            cycle, _ = service.create(
-                session,
-                service.Trigger(
-                    project=project,
-                    experiment=experiment,
-                    changed_hypothesis=changed_hypothesis,
-                    trigger="cli",
-                ),
-                max_live=settings.max_live_cycles_per_project,
-            )
-            cycle_id = cycle.id
+        row = backend.trigger(project, experiment, changed_hypothesis)
+        seen = ""
+        while wait and row["state"] not in SETTLED:
+            if row["state"] != seen and not as_json:
+                seen = row["state"]
+                typer.echo(f"cycle {row['id']}: {seen}", err=True)
+            time.sleep(POLL_S)
+            row = backend.cycle(row["id"])
     except AutopilotError as exc:
         exit_on_domain_error(exc)
-    broker.ring_advance(settings, cycle_id)
-    seen = ""
-    while True:
-        with stores.ops_session() as session:
-            row = _row(session, service.get(session, cycle_id))
-        if not wait or row["state"] in service.SETTLED:
-            break
-        if row["state"] != seen and not as_json:
-            seen = row["state"]
-            typer.echo(f"cycle {cycle_id}: {seen}", err=True)
-        time.sleep(0.5)
     _print(row, as_json)
     if wait and row["state"] not in ("awaiting_review", "approved", "skipped_repeat"):
         raise typer.Exit(1)
@@ -73,26 +49,33 @@ def cycle_run(
 def cycle_list(
     project: Annotated[str | None, typer.Option()] = None,
     state: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 100,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List recent cycles, newest first."""
 
     try:
-        with open_stores().ops_session() as session:
-            rows = [
-                _row(session, c)
-                for c in service.list_cycles(session, project=project, state=state)[0]
-            ]
+        rows = choose().cycles(project, state, limit)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     if as_json:
         echo_json(rows)
         return
-    for row in rows:
-        typer.echo(
-            f"{row['id']:5} {row['state']:16} {row['verdict'] or '-':18} "
-            f"{row['experiment'] or '-':16} {row['pr_url'] or ''}"
-        )
+    filters = " ".join(f"--{k} {v}" for k, v in (("project", project), ("state", state)) if v)
+    echo_table(
+        rows,
+        [
+            ("ID", lambda r: r["id"]),
+            ("STATE", lambda r: r["state"]),
+            ("VERDICT", lambda r: r["verdict"]),
+            ("EXPERIMENT", lambda r: r["experiment"]),
+            ("CREATED", lambda r: _minute(r["created_at"])),
+            ("PR", lambda r: r["pr_url"]),
+        ],
+        empty=f"no cycles match {filters}"
+        if filters
+        else "no cycles yet: start one with `autopilot cycle run --project NAME`",
+    )
 
 
 @cycle_app.command("show")
@@ -103,12 +86,7 @@ def cycle_show(
     """One cycle with its steps."""
 
     try:
-        with open_stores().ops_session() as session:
-            row = _row(session, service.get(session, cycle_id))
-            row["steps"] = [
-                StepOut.model_validate(s).model_dump(mode="json")
-                for s in service.steps(session, cycle_id)
-            ]
+        row = choose().cycle(cycle_id)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     _print(row, as_json)
@@ -119,15 +97,18 @@ def cycle_cancel(cycle_id: Annotated[int, typer.Argument()]) -> None:
     """Cancel a cycle (and its job, if one is queued or running)."""
 
     try:
-        with open_stores().ops_session() as session:
-            service.cancel(session, cycle_id, "cli")
+        choose().cancel_cycle(cycle_id)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     typer.echo(f"cancelled cycle {cycle_id}")
 
 
-def _print(row: dict[str, Any], as_json: bool) -> None:
+def _minute(stamp: str | None) -> str | None:
+    """An ISO timestamp to the minute, as a person scans a list."""
+    return stamp[:16].replace("T", " ") if stamp else None
 
+
+def _print(row: dict[str, Any], as_json: bool) -> None:
     if as_json:
         echo_json(row)
         return
@@ -143,7 +124,16 @@ def _print(row: dict[str, Any], as_json: bool) -> None:
         "error",
     ):
         typer.echo(f"{key:12} {row.get(key)}")
-    for step in row.get("steps", []):
-        typer.echo(
-            f"  {step['name']:12} #{step['attempt']} {step['status']:8} {step['detail'] or ''}"
+    steps = row.get("steps") or []
+    if steps:
+        typer.echo("")
+        echo_table(
+            steps,
+            [
+                ("STEP", lambda s: s["name"]),
+                ("ATTEMPT", lambda s: s["attempt"]),
+                ("STATUS", lambda s: s["status"]),
+                ("DETAIL", lambda s: s["detail"]),
+            ],
+            empty="",
         )

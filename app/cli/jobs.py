@@ -1,7 +1,8 @@
 """`autopilot job submit|list|show|cancel|logs`: the GPU handoff queue from the command line.
 
-Talks to the stores directly, like the rest of `app.cli`; the prepare doorbell is rung only
-after the submitting session committed. Bad input exits 2 with one line; a followed job that
+`list` and `logs` also work through the control host's API (`--api`, `app.cli.backend`); the
+others act on this host's stores. The prepare doorbell is rung only after the submitting
+session committed. Bad input exits 2 with one line; a followed job that
 did not succeed exits 1.
 """
 
@@ -9,28 +10,32 @@ from __future__ import annotations
 
 import codecs
 import json
-import time
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
 
-from app.cli.common import echo_json, exit_on_domain_error, fail, load_settings, open_stores
-from app.db import Stores
+from app.cli.backend import choose
+from app.cli.common import (
+    echo_json,
+    echo_table,
+    exit_on_domain_error,
+    fail,
+    load_settings,
+    open_stores,
+)
+from app.cli.local import follow_job, job_row
 from app.errors import AutopilotError
-from app.jobs import logs, paths
+from app.jobs import paths
 from app.jobs import service as jobs
-from app.jobs.models import FINISHED, JOB_STATES
-from app.jobs.schemas import JobOut, Scalar
+from app.jobs.models import JOB_STATES
+from app.jobs.schemas import Scalar
 from app.projects import service as ops
-from app.settings import Settings
+
+__all__ = ["follow_job", "job_app", "parse_param"]
 
 job_app = typer.Typer(
     help="GPU jobs: submit, list, show, cancel, follow their logs.", no_args_is_help=True
 )
-
-POLL_S = 0.2
 
 
 def parse_param(text: str) -> tuple[str, Scalar]:
@@ -47,14 +52,6 @@ def parse_param(text: str) -> tuple[str, Scalar]:
     if isinstance(value, bool | int | float | str):
         return key, value
     return key, raw  # a list, object or null is not a parameter value: keep the text
-
-
-def job_row(job: Any, project: str | None = None, **extra: Any) -> dict[str, Any]:
-    row = JobOut.model_validate(job).model_dump(mode="json")
-    if project is not None:
-        row["project"] = project
-    row.update(extra)
-    return row
 
 
 @job_app.command("submit")
@@ -119,36 +116,35 @@ def job_list(
 
     if state is not None and state not in JOB_STATES:
         fail(f"--state {state!r}: expected one of {', '.join(JOB_STATES)}")
-    settings = load_settings()
     try:
-        if queue is not None:
-            jobs.parse_queue(settings, queue)
-        with open_stores(settings).ops_session() as session:
-            project_id = ops.get_project(session, project).id if project else None
-            names = ops.project_names(session)
-            rows = [
-                job_row(j, names.get(j.project_id))
-                for j in jobs.list_jobs(
-                    session, queue=queue, state=state, project_id=project_id, limit=limit
-                )
-            ]
+        rows = choose().jobs(queue, state, project, limit)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     if as_json:
         echo_json(rows)
         return
-    if not rows:
-        typer.echo("no jobs", err=True)
-        return
-    typer.echo(f"{'ID':>6}  {'STATE':9}  {'QUEUE':9}  {'PROJECT':24}  {'EXPERIMENT':16}  NOTE")
-    for row in rows:
-        note = row["error"] or row["wait_reason"] or ""
-        if row["state"] == "queued" and not note:
-            note = "waiting for a GPU" if row["prepared_at"] else "preparing"
-        typer.echo(
-            f"{row['id']:>6}  {row['state']:9}  {row['queue']:9}  {row.get('project') or '?':24}  "
-            f"{row['experiment']:16}  {note}"
-        )
+    filters = " ".join(
+        f"--{k} {v}" for k, v in (("queue", queue), ("state", state), ("project", project)) if v
+    )
+    echo_table(
+        rows,
+        [
+            ("ID", lambda r: r["id"]),
+            ("STATE", lambda r: r["state"]),
+            ("QUEUE", lambda r: r["queue"]),
+            ("PROJECT", lambda r: r.get("project") or "?"),
+            ("EXPERIMENT", lambda r: r["experiment"]),
+            ("NOTE", _note),
+        ],
+        empty=f"no jobs match {filters}" if filters else "no jobs yet",
+    )
+
+
+def _note(row: dict[str, Any]) -> str:
+    note: str = row["error"] or row["wait_reason"] or ""
+    if row["state"] == "queued" and not note:
+        note = "waiting for a GPU" if row["prepared_at"] else "preparing"
+    return note
 
 
 @job_app.command("show")
@@ -208,95 +204,31 @@ def job_logs(
     """Print a job's log (the whole log once its GPU host uploaded it, else the tail the DB keeps);
     with --follow, stream it with the job's progress until it ends."""
 
-    settings = load_settings()
-    stores = open_stores(settings)
+    backend = choose()
     try:
-        with stores.ops_session() as session:
-            job = jobs.get(session, job_id)
-            path, tail = logs.stored_log(settings, job), job.log_tail
+        if follow:
+            state = backend.follow_job(job_id, _write, _say)
+            raise typer.Exit(0 if state == "succeeded" else 1)
+        chunks = backend.job_log(job_id)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        last = ""
+        for chunk in [*chunks, b""]:
+            text = decoder.decode(chunk, final=not chunk)
+            if text:
+                typer.echo(text, nl=False)
+                last = text[-1]
     except AutopilotError as exc:
         exit_on_domain_error(exc)
-    if follow:
-        state = follow_job(stores, settings, job_id)
-        raise typer.Exit(0 if state == "succeeded" else 1)
-    chunks = logs.whole_log(path) if path is not None else None
-    if chunks is None:
-        chunks = iter([(tail or "").encode("utf-8")])
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    last = ""
-    for chunk in [*chunks, b""]:
-        text = decoder.decode(chunk, final=not chunk)
-        if text:
-            typer.echo(text, nl=False)
-            last = text[-1]
+    except KeyboardInterrupt:
+        _say(f"stopped following; job {job_id} goes on (autopilot job cancel {job_id} stops it)")
+        raise typer.Exit(130) from None
     if last and last != "\n":
         typer.echo("")
 
 
-# -- following a job ------------------------------------------------------------------------
+def _write(text: str) -> None:
+    typer.echo(text, nl=False)
 
 
-def phase(job: Any) -> str:
-    """What the job is doing, in words: the state, split where a person would ask "why?"."""
-    if job.state == "queued":
-        if job.prepared_at is None:
-            return "queued: preparing (checkout, venv, preflight)"
-        if job.wait_reason:
-            return f"queued: waiting ({job.wait_reason})"
-        return "queued: prepared, waiting for a GPU"
-    if job.state in ("leased", "running"):
-        return f"{job.state} on {job.worker} (attempt {job.attempts})"
-    if job.state == "succeeded":
-        return f"succeeded in {job.gpu_seconds:.2f} s GPU time"
-    if job.state == "cancelled":
-        return f"cancelled by {job.cancelled_by or '?'}"
-    return f"failed: {job.error or 'no reason recorded'}"
-
-
-def follow_job(
-    stores: Stores,
-    settings: Settings,
-    job_id: int,
-    *,
-    poll_s: float = POLL_S,
-    out: Callable[[str], None] | None = None,
-    status: Callable[[str], None] | None = None,
-) -> str:
-    """Print the job's new log lines and each change of its phase until it ends; its last state.
-
-    Log lines go to stdout; the progress display (phase changes with the elapsed time) to
-    stderr, so `autopilot job logs 42 -f > run.log` keeps the log clean.
-    """
-
-    def echo_out(text: str) -> None:
-        typer.echo(text, nl=False)
-
-    def echo_status(line: str) -> None:
-        typer.echo(line, err=True)
-
-    write, say = out or echo_out, status or echo_status
-    follower = logs.LogFollower()
-    shown = ""
-    start = time.monotonic()
-    try:
-        while True:
-            with stores.ops_session() as session:
-                job = jobs.get(session, job_id)
-                now_phase, state = phase(job), job.state
-                finished = state in FINISHED
-                # the DB's tail while a GPU host runs it; the uploaded log once there is one
-                text = follower.read(settings, job, final=finished)
-            if text:
-                write(text if text.endswith("\n") else text + "\n")
-            if now_phase != shown:
-                shown = now_phase
-                stamp = datetime.now(UTC).strftime("%H:%M:%S")
-                say(f"[{stamp} +{time.monotonic() - start:6.1f}s] job {job_id} {now_phase}")
-            if follower.behind:
-                continue
-            if finished:
-                return state
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        say(f"stopped following; job {job_id} goes on (autopilot job cancel {job_id} stops it)")
-        raise typer.Exit(130) from None
+def _say(line: str) -> None:
+    typer.echo(line, err=True)

@@ -1,20 +1,25 @@
 """The `autopilot` command's control-plane part (Typer). `workers.cli` adds the worker commands.
 
-Bad input exits 2 with one line naming what was wrong; other failures exit 1.
+Bad input and operational failures exit 2 with one line naming what was wrong and what to run
+(`app.cli.failures`); other failures exit 1. `--api URL` (or `autopilot login`) sends the read
+and trigger commands to a control host's API (`app.cli.backend`).
 """
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
 import typer
 
 from app import migrate
 from app.api.main import create_app
+from app.cli import failures
 from app.cli.agents import agent_app
-from app.cli.common import echo_json, load_settings
+from app.cli.common import echo_json, load_settings, refuse_api, set_global_flags
 from app.cli.cycles import cycle_app
 from app.cli.jobs import job_app
+from app.cli.login import login_command, logout_command
 from app.cli.memory import memory_app
 from app.cli.projects import project_app, token_app
 from app.cli.status import status_command
@@ -24,7 +29,7 @@ cli = typer.Typer(
     name="autopilot",
     help="Research Autopilot: autonomous research cycles on GPU and ML-systems code.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
 )
 db_app = typer.Typer(help="Migrate the two stores (memory and ops).", no_args_is_help=True)
 config_app = typer.Typer(help="Inspect the effective settings.", no_args_is_help=True)
@@ -37,6 +42,47 @@ cli.add_typer(job_app, name="job")
 cli.add_typer(cycle_app, name="cycle")
 cli.add_typer(agent_app, name="agent")
 cli.command("status")(status_command)
+cli.command("login")(login_command)
+cli.command("logout")(logout_command)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        try:
+            typer.echo(f"autopilot {version('research-autopilot')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("autopilot (not installed: no version)")
+        raise typer.Exit()
+
+
+@cli.callback()
+def root(
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            help="The control host's API, e.g. http://control.lab:8000 (else "
+            "AUTOPILOT_CONTROL_URL, else `autopilot login`'s); for cycle, job list|logs, "
+            "memory search|show and project list",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            help="The API token (else AUTOPILOT_TOKEN, else `autopilot login`'s); "
+            "a flag shows in the process list: prefer those",
+        ),
+    ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Research Autopilot: autonomous research cycles on GPU and ML-systems code."""
+    set_global_flags(api, token)
 
 
 @cli.command()
@@ -63,6 +109,7 @@ def serve(
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Option(help="Target revision")] = "head") -> None:
     """Bring both stores to the latest schema (creates the SQLite files if needed)."""
+    refuse_api()
     settings = load_settings()
     migrate.upgrade(settings, revision)
     typer.echo(f"memory and ops stores at {revision}")
@@ -73,6 +120,7 @@ def db_downgrade(
     revision: Annotated[str, typer.Option(help="Target revision of each store, or 'base'")] = "-1",
 ) -> None:
     """Step both stores back (default: one revision each). 'base' drops every table."""
+    refuse_api()
     migrate.downgrade(load_settings(), revision)
     typer.echo(f"memory and ops stores downgraded to {revision}")
 
@@ -89,4 +137,4 @@ def config_show(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
 
 
 def main() -> None:
-    cli()
+    failures.run(cli)

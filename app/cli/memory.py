@@ -1,5 +1,6 @@
 """`autopilot memory ...`: import, export, search and show findings from the command line.
 
+`search` and `show` also work through the control host's API (`--api`, `app.cli.backend`).
 Bad input exits 2 with one line naming what was wrong (the line or field), like the rest of
 the `autopilot` command.
 """
@@ -8,16 +9,17 @@ from __future__ import annotations
 
 import getpass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from app.cli.common import echo_json, exit_on_domain_error, fail, open_stores
+from app.cli.backend import choose
+from app.cli.common import echo_json, echo_table, exit_on_domain_error, fail, open_stores
 from app.errors import AutopilotError
 from app.memory import export as memory_export
 from app.memory import service
 from app.memory.exchange import MAX_IMPORT_BYTES
-from app.memory.schemas import ExportFormat, FindingOut, ImportFormat, ImportStatus, Kind
+from app.memory.schemas import ExportFormat, ImportFormat, ImportStatus, Kind
 
 memory_app = typer.Typer(
     help="Research memory: import, export, search, show.", no_args_is_help=True
@@ -101,31 +103,29 @@ def search_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Full-text search (English, Korean, any language), best matches first."""
-    stores = open_stores()
     try:
-        with stores.memory_session() as session:
-            page = service.search(
-                session,
-                query,
-                project=project,
-                kind=kind,
-                status=status,
-                device_kind=device_kind,
-                limit=limit,
-            )
+        page = choose().search(query, project, kind, status, device_kind, limit)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
-    finally:
-        stores.dispose()
     if as_json:
-        echo_json(page.model_dump(mode="json"))
+        echo_json(page)
         return
-    for item in page.items:
-        mark = " [unverified]" if item.source_status == "unverified" else ""
-        typer.echo(
-            f"{item.id}  {item.project or '-':24} {item.kind:8} {item.status:10}{mark}  "
-            f"{_one_line(item.statement)}"
-        )
+    echo_table(
+        page["items"],
+        [
+            ("ID", lambda f: f["id"]),
+            ("PROJECT", lambda f: f["project"]),
+            ("KIND", lambda f: f["kind"]),
+            ("STATUS", _status),
+            ("STATEMENT", lambda f: _one_line(f["statement"])),
+        ],
+        empty=f"no findings match {query!r}" if query.strip() else "no findings yet",
+    )
+
+
+def _status(finding: dict[str, Any]) -> str:
+    unverified = " [unverified]" if finding["source_status"] == "unverified" else ""
+    return f"{finding['status']}{unverified}"
 
 
 def _one_line(statement: str, width: int = 100) -> str:
@@ -139,34 +139,32 @@ def show_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """One finding with its evidence and audit trail."""
-    stores = open_stores()
     try:
-        with stores.memory_session() as session:
-            found = service.detail(session, finding_id)
+        found = choose().finding(finding_id)
     except AutopilotError as exc:
         exit_on_domain_error(exc)
-    finally:
-        stores.dispose()
     if as_json:
-        echo_json(found.model_dump(mode="json"))
+        echo_json(found)
         return
     _print_finding(found)
 
 
-def _print_finding(found: FindingOut) -> None:
-    typer.echo(f"{found.id}  {found.kind}  {found.status}  project: {found.project or '-'}")
+def _print_finding(found: dict[str, Any]) -> None:
     typer.echo(
-        f"source: {found.source_status}  publication: {found.publication_status}"
-        + ("  truncated" if found.truncated else "")
+        f"{found['id']}  {found['kind']}  {found['status']}  project: {found['project'] or '-'}"
+    )
+    typer.echo(
+        f"source: {found['source_status']}  publication: {found['publication_status']}"
+        + ("  truncated" if found.get("truncated") else "")
     )
     typer.echo("")
-    typer.echo(found.statement)
+    typer.echo(found["statement"])
     typer.echo("")
-    evidence = {k: v for k, v in found.evidence.model_dump().items() if v}
+    evidence = {k: v for k, v in (found.get("evidence") or {}).items() if v}
     for key, value in evidence.items():
         typer.echo(f"{key}: {value}")
-    for event in getattr(found, "events", []):
+    for event in found.get("events", []):
         typer.echo(
-            f"{event.at.isoformat()}  {event.from_status or '-'} -> {event.to_status}  "
-            f"by {event.actor}" + (f": {event.reason}" if event.reason else "")
+            f"{event['at']}  {event['from_status'] or '-'} -> {event['to_status']}  "
+            f"by {event['actor']}" + (f": {event['reason']}" if event.get("reason") else "")
         )

@@ -10,9 +10,11 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from app.cli.backend import choose
 from app.cli.common import (
     describe_fields,
     echo_json,
+    echo_table,
     exit_on_domain_error,
     fail,
     load_settings,
@@ -76,16 +78,20 @@ def project_add(
 @project_app.command("list")
 def project_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List registered projects."""
-    with open_stores().ops_session() as session:
-        rows = [
-            {"name": p.name, "repo_url": p.repo_url, "gpu_kind": p.gpu_kind}
-            for p in ops.list_projects(session)
-        ]
+    rows = choose().projects()
     if as_json:
         echo_json(rows)
         return
-    for row in rows:
-        typer.echo(f"{row['name']:32} {row['gpu_kind']:8} {row['repo_url']}")
+    echo_table(
+        rows,
+        [
+            ("NAME", lambda p: p["name"]),
+            ("GPU", lambda p: p["gpu_kind"]),
+            ("BRANCH", lambda p: p["default_branch"]),
+            ("REPOSITORY", lambda p: p["repo_url"]),
+        ],
+        empty="no projects yet: register one with `autopilot project add PATH-OR-URL`",
+    )
 
 
 @project_app.command("create")

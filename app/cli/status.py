@@ -9,7 +9,8 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import demo_lock
-from app.cli.common import echo_json, load_settings, open_stores
+from app.cli.common import echo_json, fail, load_settings, open_stores
+from app.cli.failures import describe
 from app.clock import age_text
 from app.settings import Settings
 from app.status import Snapshot, take_snapshot
@@ -74,13 +75,8 @@ def status_command(
     try:
         with stores.ops_session() as session:
             snapshot = take_snapshot(session, settings)
-    except SQLAlchemyError as exc:
-        typer.echo(
-            f"error: the ops store is unreachable ({type(exc).__name__}); "
-            "check AUTOPILOT_OPS_URL and run `autopilot db upgrade`",
-            err=True,
-        )
-        raise typer.Exit(1) from None
+    except SQLAlchemyError as exc:  # said here too: `status` also runs without the root
+        fail(*describe(exc))
     finally:
         stores.dispose()
     if json_output:

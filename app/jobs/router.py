@@ -74,7 +74,11 @@ def list_jobs(
     )
     total = jobs.count_jobs(session, queue=queue, state=state, project_id=project_id)
     page_headers(request, response, total=total, limit=limit, offset=offset)
-    return [JobOut.model_validate(j) for j in rows]
+    names = ops.project_names(session)
+    return [
+        JobOut.model_validate(j).model_copy(update={"project": names.get(j.project_id)})
+        for j in rows
+    ]
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)

@@ -52,6 +52,7 @@ class JobOut(BaseModel):
         description="Where it ran: its venv's key, installer (uv or pip) and lock (`uv pip "
         "freeze` of the venv's own packages), as the host that ran it prepared it",
     )
+    project: str | None = Field(default=None, description="The project's name (in lists)")
 
 
 class JobLogStored(BaseModel):

@@ -88,5 +88,5 @@ def test_status_says_when_the_store_is_unreachable(
     run_status: Callable[..., str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AUTOPILOT_OPS_URL", "postgresql+psycopg://nobody@127.0.0.1:1/none")
-    out = run_status(code=1)
-    assert "ops store is unreachable" in out
+    out = run_status(code=2)
+    assert "a database is unreachable" in out and "AUTOPILOT_OPS_URL" in out
