@@ -385,7 +385,8 @@ class RunLoop:
                 except (LaunchError, jobs.LeaseLost) as exc:
                     outcome, error = None, str(exc)
                 finally:
-                    beat.stop()
+                    beat.stop(wait=False)
+                    self._after_start.append(beat.join)
                 try:
                     beat.record_start()  # a reserved job that ended before its first line
                 except jobs.LeaseLost as exc:

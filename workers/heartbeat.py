@@ -62,8 +62,14 @@ class Heartbeat:
         if self._thread.ident is None:
             self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop beating; without `wait`, the caller goes on and calls `join` later (a GPU
+        worker does, once the next job has started: a join waits for the thread to run)."""
         self._stop.set()
+        if wait:
+            self.join()
+
+    def join(self) -> None:
         if self._thread.ident is not None:
             self._thread.join(timeout=10)
 
