@@ -197,8 +197,9 @@ class Coalescer:
 
     def add(self, cycle_id: int) -> None:
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the doorbell coalescer is closed")
+            if self._closed:  # shutting down, after the cycle's commit: the reaper rings it
+                log.warning("cycle %s: advance doorbell not sent (shutting down)", cycle_id)
+                return
             self._pending.append(cycle_id)
             if self._thread is None:
                 self._thread = threading.Thread(

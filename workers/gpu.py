@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -31,9 +29,10 @@ from app.projects import config as project_config
 from app.settings import Settings, redact_text
 from workers import command_runs, control_client, prepare
 from workers.heartbeat import Heartbeat
-from workers.launcher import confine, runner, runtime
-from workers.launcher.launch import LaunchError, LaunchSpec
+from workers.launcher import confine, runner, runtime, staging
+from workers.launcher.launch import LaunchError
 from workers.launcher.spare import SpareSlot
+from workers.next_job import NextJob
 from workers.tickets import Ticket, WorkerIdentity, first_line_time, job_outcome
 
 __all__ = ["RunLoop", "Ticket", "WorkerIdentity", "first_line_time"]
@@ -49,8 +48,8 @@ def release_all(batch: list[runtime.RuntimeDir]) -> None:
 
 
 @dataclass
-class RunLoop:
-    """One GPU worker's loop over its queue."""
+class RunLoop(NextJob):
+    """One GPU worker's loop over its queue (what it does about the next job: NextJob)."""
 
     stores: Stores
     settings: Settings
@@ -65,10 +64,13 @@ class RunLoop:
     #: The job reserved to run next (`reservations.py`), while the current one runs.
     reserved: Ticket | None = None
     #: Set by the heartbeat thread when the reservation was lost or cancelled.
-    _reservation_lost: bool = False
+    _reservation_lost: int | None = None
+    #: The reserved job, made ready to start (job id, what `runner.run_job` takes).
+    _staged: tuple[int, staging.Staged] | None = None
     #: Clean-ups of the last job (its killed cgroup's removal) kept off the GPU's idle gap:
     #: run once the next job has started, or when the loop ends.
     _after_start: list[Callable[[], None]] = field(default_factory=list)
+    _loop_thread: int | None = None  # the thread that runs the loop (and its jobs)
 
     def run_available(self) -> int:
         """Run prepared jobs until none is left; returns how many ran.
@@ -78,6 +80,7 @@ class RunLoop:
         """
         ran = 0
         done: tuple[Ticket, jobs.JobOutcome] | None = None
+        self._loop_thread = threading.get_ident()
         try:
             while True:
                 # (on an error it has stored the outcome itself before raising)
@@ -117,50 +120,6 @@ class RunLoop:
             if not settle.stored:  # it never started (or failed before its start was recorded)
                 self._store_alone(settle)
 
-    def _take_reservation(self) -> Ticket | None:
-        ticket, self.reserved = self.reserved, None
-        if self._reservation_lost:
-            self._reservation_lost = False
-            return None
-        return ticket
-
-    def _release_reservation(self) -> None:
-        ticket, self.reserved = self.reserved, None
-        if ticket is not None:
-            try:
-                with self.stores.ops_session() as session:
-                    reservations.release(session, ticket.job_id, self.me.name)
-            except Exception:  # the reaper returns it to the queue when its lease lapses
-                log.warning("job %s: reservation not released", ticket.job_id, exc_info=True)
-
-    def renew_reservation(self, session: Session) -> None:
-        """Called by the running job's heartbeat (same transaction): keep the reservation."""
-        ticket = self.reserved
-        if ticket is not None and not reservations.renew(
-            session, self.settings, ticket.job_id, self.me.name
-        ):
-            self._reservation_lost = True
-
-    def _reserve(self) -> Ticket | None:
-        """Reserve the job to run after the current one; None when none fits (a hint: any
-        failure leaves the next job to be leased when this one ends)."""
-        if not self.settings.gpu_reserve_next or self.reserved is not None:
-            return self.reserved
-        try:
-            with self.stores.ops_session() as session:
-                job = reservations.reserve_next(
-                    session,
-                    self.settings,
-                    queue=self.me.queue,
-                    worker=self.me.name,
-                    device=self.me.device,
-                    host=self.me.host,
-                )
-                self.reserved = Ticket.of(job, reserved=True) if job is not None else None
-        except Exception:
-            log.warning("could not reserve the next job", exc_info=True)
-        return self.reserved
-
     def _store_alone(self, settle: Settle) -> None:
         with self.stores.ops_session() as session:
             cycle_id = self._finish(session, settle.ticket, settle.outcome)
@@ -196,16 +155,26 @@ class RunLoop:
             if settle is not None:
                 self._store_alone(settle)
             raise
-        self._run_after_start()
         if settle is not None:
-            settle.stored = True
+            settle.stored = True  # (committed: nothing below may make it pending again)
             self._ring(cycle_id)
             self._upload_log(settle.ticket.job_id)
+        self._run_after_start()
+
+    def _defer(self, task: Callable[[], None]) -> None:
+        self._after_start.append(task)
 
     def _run_after_start(self) -> None:
+        """The last job's clean-ups, on the loop's own thread only (a heartbeat thread that
+        records a start leaves them to it: one of them joins that very thread)."""
+        if self._loop_thread is not None and threading.get_ident() != self._loop_thread:
+            return
         pending, self._after_start = self._after_start, []
         for task in pending:
-            task()
+            try:
+                task()
+            except Exception:
+                log.warning("a clean-up after the job's start failed", exc_info=True)
 
     def _settle_and_lease(self, done: tuple[Ticket, jobs.JobOutcome] | None) -> Ticket | None:
         """Store the finished job's outcome (if any) and lease the next job, in one transaction.
@@ -330,41 +299,17 @@ class RunLoop:
                 log_path=str(log_path),
             )
         sandboxed = self.settings.sandbox == "on"
-        spare = (
-            self.spares.take(
-                venv=ticket.venv,
-                suffix_len=launch_settings.socket_suffix_len,
-                preload=launch_settings.preload,
-                workdir=ticket.workdir,
-                network=launch_settings.network,
-            )
-            if self.spares is not None
-            else None
-        )
-        if spare is not None:
-            rt = spare.runtime
+        staged = self._staged_for(ticket)
+        if staged is not None:  # made ready while the previous job ran, perhaps started
+            spare, launch = None, staged.job
         else:
-            rt = runtime.allocate_runtime(
-                state_dir=self.settings.state_dir.absolute(),
-                env=os.environ,
-                suffix_len=launch_settings.socket_suffix_len,
-            )
-        launch = LaunchSpec(
-            venv=Path(ticket.venv),
-            entry=str(launch_settings.entry),
-            cwd=Path(ticket.workdir),
-            runtime=rt,
-            spec=ticket.spec,
-            cuda_visible_devices=self.me.device or None,
-            pythonpath=[Path(ticket.workdir)],
-            base_env=dict(os.environ),
-            requirements_hash=launch_settings.requirements_hash,
-            sandboxed=sandboxed,
-            network=launch_settings.network,
-            cgroup=confine.job_cgroup_name(ticket.job_id),
-        )
+            spare, launch = self._launch_spec(ticket, launch_settings)
+        rt = launch.runtime
         beat = Heartbeat(self, ticket.job_id)
+        if staged is not None:
+            beat.spawned_at = staged.started_wall  # handed over at the last job's exit
         outcome: runner.Outcome | None = None
+        ran = False  # run_job took the launch (and the staged job with it)
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log_file:
@@ -373,20 +318,23 @@ class RunLoop:
                     log_file.flush()
                 on_event = self._event_handler(ticket, launch_settings, log_file, beat)
                 try:
+                    ran = True
                     outcome = runner.run_job(
                         launch,
                         limits=runner.Limits(timeout_s=ticket.time_limit_s),
                         on_event=on_event,
                         on_spawn=lambda pid, pgid: self._spawned(ticket, pid, pgid, beat, settle),
                         spare=spare,
-                        deferred=self._after_start,
+                        deferred=self._defer,
+                        staged=staged,
+                        on_exit=self._go_next,
                     )
                     error = None
                 except (LaunchError, jobs.LeaseLost) as exc:
                     outcome, error = None, str(exc)
                 finally:
                     beat.stop(wait=False)
-                    self._after_start.append(beat.join)
+                    self._defer(beat.join)
                 try:
                     beat.record_start()  # a reserved job that ended before its first line
                 except jobs.LeaseLost as exc:
@@ -417,6 +365,8 @@ class RunLoop:
         finally:
             if spare is not None:
                 spare.close()  # no-op once run_job has used it; kills it if we never got there
+            if staged is not None and not ran:
+                staged.abandon()  # run_job never got it (the job's folder failed first)
             self.pending_cleanup.append(rt)
         result.log_tail = logs.tail_text(log_path, paths.LOG_TAIL_BYTES)
         return result
@@ -436,7 +386,7 @@ class RunLoop:
         self, ticket: Ticket, pid: int, pgid: int, beat: Heartbeat, settle: Settle | None
     ) -> None:
         beat.pgid = pgid
-        beat.spawned_at = time.time()
+        beat.spawned_at = beat.spawned_at or time.time()
         beat.start()
         if ticket.reserved:
             # Recorded with its first line (or its first heartbeat, or its end, if sooner).
@@ -483,6 +433,8 @@ class RunLoop:
                             workdir=after.workdir,
                             cgroup_name=confine.job_cgroup_name(after.job_id) if known else None,
                         )
+                        if reserved is not None:
+                            self._stage_next(reserved, hint)
             if kind in ("log", "progress"):
                 log_file.write(logs.event_line(event) + "\n")
                 log_file.flush()

@@ -341,6 +341,11 @@ def plot(settings: Settings, stores: Stores, name: str, kind: str, experiment: s
             )
         return trend_svg(progress, chart)
     known = progress.experiments
+    if not known:
+        raise NothingToPlot(
+            f"project {name!r} has no cycle with an experiment yet (planned, or failed before "
+            "its plan): nothing to map"
+        )
     if experiment is None:
         if len(known) > 1:
             raise InvalidInput(

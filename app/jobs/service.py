@@ -342,6 +342,10 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
     """Store the outcome and release the lease. Only the lease holder may: exactly one outcome."""
     lease = _own_lease(session, job_id, worker)
     job = get(session, job_id)
+    if job.state in FINISHED:  # cancelled while reserved: that stands, whatever ran meanwhile
+        repo.delete(session, lease)
+        session.flush()
+        return job
     job.state = outcome.state
     job.exit_code, job.error = outcome.exit_code, outcome.error
     job.result, job.result_path, job.log_path = (

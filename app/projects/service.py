@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from datetime import timedelta
 
+from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -118,7 +119,10 @@ def revoke_token(session: Session, name: str) -> ApiToken:
         row.revoked_at = utcnow()
         repository.end_signins_of(session, row.id, row.revoked_at)  # its dashboard sessions too
         session.flush()
-    VERIFIED.clear()  # this process honours it at once; others within their cache's TTL
+    # This process honours it at once (again once it is committed: a check that read the token
+    # as live before that is not cached); others within their cache's TTL.
+    VERIFIED.clear()
+    event.listen(session, "after_commit", lambda _session: VERIFIED.clear(), once=True)
     return row
 
 
@@ -183,6 +187,7 @@ class VerifiedTokens:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[float, ApiToken]] = {}
+        self.generation = 0  # moves at every clear: a check begun before it is not kept
 
     def get(self, digest: str) -> ApiToken | None:
         entry = self._entries.get(digest)
@@ -190,8 +195,10 @@ class VerifiedTokens:
             return None
         return entry[1]
 
-    def put(self, digest: str, token: ApiToken, ttl_s: float) -> None:
+    def put(self, digest: str, token: ApiToken, ttl_s: float, generation: int) -> None:
         with self._lock:
+            if generation != self.generation:  # cleared since the check began
+                return
             if len(self._entries) >= self.MAX_ENTRIES:
                 self._entries.clear()
             self._entries[digest] = (time.monotonic() + ttl_s, token)
@@ -199,6 +206,7 @@ class VerifiedTokens:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.generation += 1
 
 
 VERIFIED = VerifiedTokens()
@@ -220,11 +228,12 @@ def authenticate_cached(
     cached = recently_verified(token, ttl_s)
     if cached is not None:
         return cached
+    generation = VERIFIED.generation
     with open_session() as session:
         row = authenticate(session, token)
         session.expunge(row)
     if ttl_s > 0:
-        VERIFIED.put(row.token_sha256, row, ttl_s)
+        VERIFIED.put(row.token_sha256, row, ttl_s, generation)
     return row
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import selectors
-import shlex
 import signal
 import socket
 import stat
@@ -31,11 +31,12 @@ from typing import Any
 
 from app import sandbox
 from workers.launcher import confine
-from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, start
-from workers.launcher.runtime import RuntimeDirError
+from workers.launcher.launch import LaunchSpec
 from workers.launcher.spare import Spare
+from workers.launcher.staging import Staged, stage
 
 _READ = 65536
+log = logging.getLogger(__name__)
 
 #: Receives each event as it arrives (the queue turns them into heartbeats and progress).
 #: An exception raised here stops the job: its group is killed and the exception propagates.
@@ -143,23 +144,6 @@ class _Events:
             self.on_event(event)
 
 
-def _listen(path: Path) -> socket.socket:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-        sock.listen(16)
-    except OSError as exc:
-        sock.close()
-        raise RuntimeDirError(
-            f"cannot listen on the event socket {path} ({len(os.fsencode(str(path)))} bytes): "
-            f"{exc}; the runtime dir must come from allocate_runtime"
-        ) from exc
-    sock.setblocking(False)
-    return sock
-
-
 def run_job(
     job: LaunchSpec,
     *,
@@ -167,7 +151,9 @@ def run_job(
     on_event: EventCallback | None = None,
     on_spawn: SpawnCallback | None = None,
     spare: Spare | None = None,
-    deferred: list[Callable[[], None]] | None = None,
+    deferred: Callable[[Callable[[], None]], None] | None = None,
+    staged: Staged | None = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run the experiment to completion (or its time limit) and return what happened.
 
@@ -176,62 +162,34 @@ def run_job(
     the job runs in that parked interpreter when it fits and takes the job
     (`Outcome.launch == "spare"`), else the job starts cold (`Outcome.spare_missed` says
     why); either way the spare is used up. With `deferred`, the job's cgroup (already killed
-    when its leader exited) is removed later, by whoever runs what is appended there: a GPU
-    worker does it once the next job has started.
+    when its leader exited) is removed later: `deferred` is given the removal, and a GPU
+    worker runs it once the next job has started.
+
+    `staged` is the job made ready ahead (`staging.stage`), perhaps already started
+    (`Staged.go`); `on_exit` is called once, as soon as the job's leader has exited and its
+    group was killed, before anything else is done about it: a GPU worker starts its next
+    job there.
     """
     lim = limits or Limits()
-    launch, missed = "cold", None
-    cgroup: sandbox.Cgroup | None = None
+    if staged is None:
+        staged = stage(job, spare)
     try:
-        if job.argv is None and not ENTRY.match(job.entry):
-            raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
-        if spare is not None and (missed := spare.fits(job)) is not None:
-            spare.close()
-            spare = None
-        parked_in_it = (
-            spare is not None and spare.cgroup is not None and spare.cgroup.path.name == job.cgroup
-        )
-        if job.cgroup is not None and not parked_in_it:
-            cgroup = _open_cgroup(job)
-        env = job.env()
-        _write_spec(job)
-        with contextlib.suppress(FileNotFoundError):
-            job.result_path.unlink()
-        listener = _listen(job.runtime.events_path)
-        try:
-            started = time.monotonic()
-            proc: subprocess.Popen[bytes] | None = None
-            if spare is not None:
-                try:
-                    proc, launch = spare.hand_over(job, cgroup), "spare"
-                    # the job's, or the spare's own when the job has none
-                    cgroup = spare.cgroup or cgroup
-                except LaunchError as exc:  # it died just now: start cold instead
-                    missed, started = str(exc), time.monotonic()
-                    if cgroup is None and job.cgroup is not None:
-                        cgroup = _open_cgroup(job)
-            if proc is None:
-                try:
-                    proc = start(job, env, cgroup)
-                except OSError as exc:
-                    raise LaunchError(f"cannot start {shlex.join(job.command())}: {exc}") from exc
-            outcome = _supervise(job, proc, started, listener, lim, on_event, on_spawn, cgroup)
-            outcome.launch, outcome.spare_missed = launch, missed
-            return outcome
-        finally:
-            listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(job.runtime.events_path)
+        proc = staged.go()
+        outcome = _supervise(
+            job, proc, staged.started, staged.listener, lim, on_event, on_spawn, staged.cgroup,
+            on_exit,
+        )  # fmt: skip
+        outcome.launch, outcome.spare_missed = staged.launch, staged.missed
+        return outcome
     finally:
-        if spare is not None and launch != "spare":
-            spare.close()
-        if cgroup is not None:
+        staged.close()
+        if staged.cgroup is not None:
             # Whatever the job left, however it detached, goes with its cgroup.
             if deferred is not None:
-                deferred.append(_remover(cgroup))
+                deferred(_remover(staged.cgroup))
             else:
                 with contextlib.suppress(sandbox.SandboxUnavailable):
-                    cgroup.remove()
+                    staged.cgroup.remove()
 
 
 def _remover(cgroup: sandbox.Cgroup) -> Callable[[], None]:
@@ -240,24 +198,6 @@ def _remover(cgroup: sandbox.Cgroup) -> Callable[[], None]:
             cgroup.remove()
 
     return remove
-
-
-def _write_spec(job: LaunchSpec) -> None:
-    """The spec, written afresh: a parked interpreter's start-up (the venv's .pth files, its
-    preloads) runs code that could have left a link at that path."""
-    with contextlib.suppress(FileNotFoundError):
-        job.spec_path.unlink()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with os.fdopen(os.open(job.spec_path, flags, 0o644), "w") as handle:
-        handle.write(json.dumps(dict(job.spec)))
-
-
-def _open_cgroup(job: LaunchSpec) -> sandbox.Cgroup | None:
-    assert job.cgroup is not None
-    try:
-        return confine.open_cgroup(job.cgroup, required=job.sandboxed)
-    except sandbox.SandboxUnavailable as exc:
-        raise LaunchError(str(exc)) from exc
 
 
 def _supervise(
@@ -269,6 +209,7 @@ def _supervise(
     on_event: EventCallback | None,
     on_spawn: SpawnCallback | None,
     cgroup: sandbox.Cgroup | None = None,
+    on_exit: Callable[[], None] | None = None,
 ) -> Outcome:
     pgid = proc.pid  # start_new_session: the child leads its own group
     sel = selectors.DefaultSelector()
@@ -304,6 +245,11 @@ def _supervise(
                     # the leader is gone: nothing else of the job may stay behind
                     confine.signal_group(pgid, None, signal.SIGKILL)
                     confine.signal_group(pgid, cgroup, signal.SIGKILL)
+                    if on_exit is not None:
+                        try:
+                            on_exit()
+                        except Exception:  # the next job's business, never this one's
+                            log.warning("the exit callback failed", exc_info=True)
                     drain_until = now + lim.drain_s
                     if pidfd is not None:
                         sel.unregister(pidfd)

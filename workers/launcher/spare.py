@@ -194,8 +194,9 @@ class Spare:
         self._ready = True
         return None
 
-    def fits(self, job: LaunchSpec) -> str | None:
-        """None when this spare can run `job`; otherwise why not."""
+    def fits(self, job: LaunchSpec, *, wait: bool = True) -> str | None:
+        """None when this spare can run `job`; otherwise why not. Without `wait`, a spare
+        still importing its preloads fits too (`wait_ready` before the hand-over)."""
         if self.proc.poll() is not None:
             return f"the spare exited ({self.proc.returncode})"
         if os.path.abspath(job.venv) != os.path.abspath(self.venv):
@@ -229,7 +230,7 @@ class Spare:
             for entry in job.pythonpath:
                 if (Path(entry) / top).exists() or (Path(entry) / f"{top}.py").exists():
                     return f"the job's {entry} has its own {top!r}, which the spare preloaded"
-        return self.wait_ready(SPARE_READY_TIMEOUT_S)
+        return self.wait_ready(SPARE_READY_TIMEOUT_S) if wait else None
 
     def hand_over(
         self, job: LaunchSpec, cgroup: sandbox.Cgroup | None = None

@@ -154,3 +154,23 @@ def test_a_job_just_prepared_is_left_for_an_idle_worker(stores: Stores, settings
             .values(finished_at=jobs.utcnow() - timedelta(seconds=61))
         )
     assert reserve(stores, settings, "w1", after_s=60) == later
+
+
+def test_a_job_cancelled_while_reserved_stays_cancelled_whatever_ran(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    running, nxt = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    with stores.ops_session() as session:
+        jobs.cancel(session, nxt, "someone")
+    # the worker had already handed it over: its start is refused, and the outcome it then
+    # reports does not overwrite the cancellation
+    with pytest.raises(jobs.LeaseLost):
+        start(stores, nxt, "w1")
+    with stores.ops_session() as session:
+        jobs.finish(session, nxt, "w1", jobs.JobOutcome(state="failed", error="killed"))
+        assert repo.lease_of(session, nxt) is None
+    after = row(stores, nxt)
+    assert (after.state, after.error, after.cancelled_by) == ("cancelled", None, "someone")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from app.broker import Coalescer
 
 
@@ -36,14 +34,16 @@ def test_a_burst_is_sent_in_at_most_two_messages_with_every_id_once() -> None:
     assert [i for batch in ring.batches for i in batch] == list(range(1, 51))
 
 
-def test_close_sends_what_is_pending_and_refuses_more() -> None:
+def test_close_sends_what_is_pending_and_drops_later_ones() -> None:
     ring = Recorder()
     doorbell = Coalescer(ring, window_s=60.0)  # a window the test never waits out
     doorbell.add(7)
     doorbell.close()
     assert ring.batches == [[7]]
-    with pytest.raises(RuntimeError, match="closed"):
-        doorbell.add(8)
+    # A trigger still in flight at shutdown has committed its cycle: never an error after
+    # that; its doorbell is left to the reaper.
+    doorbell.add(8)
+    assert ring.batches == [[7]]
 
 
 def test_a_failed_ring_does_not_stop_the_next_ones() -> None:
