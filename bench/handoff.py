@@ -66,12 +66,12 @@ NOOP = "bench.noop"
 NOOP_QUEUE = "bench.noop"
 
 USER_MODULE = """\
-import json, os, socket, time
+import time; _FIRST_LINE = time.time()
+import json, os, socket
 _s = socket.socket(socket.AF_UNIX)
 _s.connect(os.environ["AUTOPILOT_EVENTS"])
-_s.sendall(json.dumps({"type": "started", "at": time.time()}).encode() + b"\\n")
+_s.sendall(json.dumps({"type": "started", "at": _FIRST_LINE}).encode() + b"\\n")
 _s.close()
-import time
 spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))
 time.sleep(spec["parameters"]["sleep_s"])
 json.dump({"status": "ok"}, open(os.environ["AUTOPILOT_RESULT"], "w"))
