@@ -67,7 +67,9 @@ from sqlalchemy.engine import Engine
 
 PROJECT = "fleet-probe"
 GOAL_CYCLES_PER_MIN, GOAL_EFFICIENCY, GOAL_WORKERS = 300.0, 0.8, 16
-POINTS = 20000  # the sweep's space: far more points than any run settles
+# The sweep's space: K x J = 20,000 points, far more than any run settles, declared as two
+# short lists (a 20,000-element list would make every read of autopilot.toml the cost).
+K_POINTS, J_POINTS = 200, 100
 POLL_S = 0.2
 PHASE_TIMEOUT_S = 900.0
 SETTLED = "awaiting_review"
@@ -109,8 +111,8 @@ def flush_redis(url: str) -> None:
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(pid: str) -> tuple[str, int, float] | None:
-    """(comm, process group, CPU seconds of it and its reaped children) of one process."""
+def _stat(pid: str) -> tuple[str, int, float, float] | None:
+    """(comm, process group, its own CPU seconds, its reaped children's) of one process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -118,13 +120,15 @@ def _stat(pid: str) -> tuple[str, int, float] | None:
     comm = raw[raw.index("(") + 1 : raw.rindex(")")]
     fields = raw[raw.rindex(")") + 2 :].split()
     # fields[0] is state (field 3); utime..cstime are fields 14..17, pgrp field 5.
-    cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / TICK
-    return comm, int(fields[2]), cpu
+    own = (int(fields[11]) + int(fields[12])) / TICK
+    children = (int(fields[13]) + int(fields[14])) / TICK
+    return comm, int(fields[2]), own, children
 
 
 def cpu_sample(groups: dict[int, str]) -> dict[str, float]:
-    """CPU seconds so far per class: each service's process group (its children included),
-    postgres and redis-server by name, and the machine's busy and total time."""
+    """CPU seconds so far per class: each service's process group, its Python apart from the
+    children it started and reaped (git, experiments), postgres and redis-server by name, and
+    the machine's busy and total time."""
     out: dict[str, float] = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -132,14 +136,18 @@ def cpu_sample(groups: dict[int, str]) -> dict[str, float]:
         stat = _stat(pid)
         if stat is None:
             continue
-        comm, pgrp, cpu = stat
+        comm, pgrp, own, children = stat
         name = groups.get(pgrp)
-        if name is None and comm.startswith("postgres"):
+        if name is not None:
+            out[name] = out.get(name, 0.0) + own
+            out[f"{name}: children"] = out.get(f"{name}: children", 0.0) + children
+            continue
+        if comm.startswith("postgres"):
             name = "postgres (all databases)"
-        elif name is None and comm.startswith("redis-server"):
+        elif comm.startswith("redis-server"):
             name = "redis"
         if name is not None:
-            out[name] = out.get(name, 0.0) + cpu
+            out[name] = out.get(name, 0.0) + own + children
     cpu_line = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     ticks = [int(v) for v in cpu_line]
     idle = ticks[3] + ticks[4]
@@ -149,7 +157,10 @@ def cpu_sample(groups: dict[int, str]) -> dict[str, float]:
 
 
 def service_class(name: str) -> str:
-    return "GPU workers (and their experiments)" if name.startswith("gpu") else name
+    return "GPU workers" if name.startswith("gpu") else name
+
+
+OURS = ("control", "api", "GPU workers", "postgres", "redis")
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -230,6 +241,7 @@ def phase(
     cpu = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1 if k != "machine total"}
     wall = cpu1["machine total"] - cpu0["machine total"]
     cores = os.cpu_count() or 1
+    ours = sum(v for k, v in cpu.items() if k.startswith(OURS))
     log(
         f"{workers} GPU worker(s): {measured} cycles in {span:.1f} s = {rate:.1f} cycles/min; "
         f"GPU busy {figures['gpu_busy_s'] / (workers * span):.0%}; machine busy "
@@ -244,6 +256,11 @@ def phase(
         **figures,
         "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
         "cpu_cores_used": {k: v / (wall / cores) for k, v in cpu.items()},
+        # What one cycle costs the service's processes, and the rate that cost allows on this
+        # machine's cores were nothing else running (a ceiling, not a measurement).
+        "cpu_s_per_cycle": {k: v / measured for k, v in cpu.items() if k.startswith(OURS)},
+        "service_cpu_s_per_cycle": ours / measured,
+        "cpu_bound_cycles_per_min": cores * 60 * measured / ours if ours else float("nan"),
     }
 
 
@@ -309,8 +326,8 @@ def make_repo(root: Path, job_s: float) -> Path:
         "probe",
         "probe.main",
         120,
-        parameters={"k": list(range(POINTS)), "sleep_s": [job_s]},
-        defaults={"k": 0, "sleep_s": job_s},
+        parameters={"k": list(range(K_POINTS)), "j": list(range(J_POINTS)), "sleep_s": [job_s]},
+        defaults={"k": 0, "j": 0, "sleep_s": job_s},
     )
     return make_probe_repo(root, PROJECT, "probe", PROBE, config, "fleet probe project")
 
@@ -425,6 +442,11 @@ def print_text(result: dict[str, Any]) -> None:
             + f" (sum {p['control_s_per_cycle']:.2f} s)"
         )
         print("     waits: " + ", ".join(f"{k} {v:.2f} s" for k, v in p["wait_median_s"].items()))
+        print(
+            f"     service CPU {p['service_cpu_s_per_cycle']:.2f} s/cycle: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in p["cpu_s_per_cycle"].items())
+            + f"; CPU-bound ceiling {p['cpu_bound_cycles_per_min']:.0f} cycles/min"
+        )
         print(
             "     cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in p["cpu_cores_used"].items())
         )
