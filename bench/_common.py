@@ -14,9 +14,11 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import git
+import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -130,6 +133,50 @@ def emit(
 
 # -- the probe project and its jobs ------------------------------------------------------------
 
+# The probe experiment the service benches register: reports its first line, sleeps its
+# `sleep_s` parameter, and writes fixed raw paired samples for the control plane to judge.
+PROBE = '''
+"""A tiny experiment: reports its first line, sleeps `sleep_s`, writes raw samples."""
+import json, os, socket, time
+
+def send(event):
+    path = os.environ.get("AUTOPILOT_EVENTS")
+    if path:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.sendall((json.dumps(event) + "\\n").encode())
+        s.close()
+
+send({"type": "started"})
+spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))
+params = spec["parameters"]
+time.sleep(params["sleep_s"])
+# Raw paired samples for the control plane to judge (it never takes a self-reported verdict).
+a = [1000000 + 997 * (i % 5) for i in range(10)]
+b = [v + 311 * ((3 * i) % 4) - 400 for i, v in enumerate(a)]
+pairs = {"a_ns": a, "b_ns": b}
+json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params,
+           "noise_floor": {"samples": pairs},
+           "comparisons": [{"variant": "probe", "baseline": "base", "samples": pairs,
+                            "accuracy": {"max_abs_error": 0.0, "scale": 1.0}}]},
+          open(os.environ["AUTOPILOT_RESULT"], "w"))
+'''
+
+
+def ts(value: Any) -> float | None:
+    """A stored or served timestamp (UTC, with or without offset; text or datetime) as epoch
+    seconds."""
+    if not value:
+        return None
+    parsed = (
+        value
+        if isinstance(value, datetime)
+        else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    )
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
 
 def probe_config(
     name: str,
@@ -212,6 +259,41 @@ def module_job(
 # -- real processes -----------------------------------------------------------------------------
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_cli(env: dict[str, str], cwd: Path, *args: str) -> str:
+    """`autopilot <args>` in a child with `env`; its stdout, or RuntimeError with its stderr."""
+    done = subprocess.run(  # noqa: S603 - our own CLI, fixed argv
+        [sys.executable, "-m", "workers.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"autopilot {' '.join(args)} failed: {done.stderr or done.stdout}")
+    return done.stdout.strip()
+
+
+def register_probe(env: dict[str, str], cwd: Path, project: str, repo: Path) -> str:
+    """Bring the stores up, register `repo` as `project`, and return a fresh admin token."""
+    run_cli(env, cwd, "db", "upgrade")
+    run_cli(env, cwd, "project", "create", "--name", project, "--repo-url", str(repo))
+    return new_token(env, cwd, "bench", "admin")
+
+
+def new_token(env: dict[str, str], cwd: Path, name: str, scope: str) -> str:
+    """A fresh API token with `scope` (`worker`: what a GPU host fetches the forge with)."""
+    token = run_cli(env, cwd, "token", "create", "--name", name, "--scope", scope)
+    return token.splitlines()[-1].strip()
+
+
 def autopilot_env(updates: dict[str, str]) -> dict[str, str]:
     """This process's environment without its AUTOPILOT_* settings, then `updates`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOPILOT_")}
@@ -228,11 +310,13 @@ class Services:
     cwd: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the child
         proc = subprocess.Popen(
             argv,
-            env=self.env,
+            env={**self.env, **(extra_env or {})},
             cwd=self.cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -242,8 +326,10 @@ class Services:
         self.procs[name] = proc
         return proc
 
-    def cli(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        return self.start(name, [sys.executable, "-m", "workers.cli", *args])
+    def cli(
+        self, name: str, *args: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.start(name, [sys.executable, "-m", "workers.cli", *args], extra_env)
 
     def stop(self, name: str, timeout: float = 20.0) -> None:
         proc = self.procs.pop(name, None)
@@ -271,3 +357,15 @@ class Services:
             if proc.poll() is not None:
                 tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+
+def wait_http(url: str, services: Services, timeout: float = 60.0) -> None:
+    """Wait until `url` answers 200, failing early when one of `services` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        services.check_alive()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout:g} s")

@@ -26,31 +26,34 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from _common import (
+    PROBE,
     ROOT,
     Services,
     autopilot_env,
     bench_parser,
     emit,
+    free_port,
     machine_line,
     make_probe_repo,
+    new_token,
     percentile,
     probe_config,
+    register_probe,
     today,
+    ts,
+    wait_http,
 )
 
 PROJECT = "bench-probe"
@@ -60,33 +63,6 @@ POLL_S = 0.1
 CYCLE_TIMEOUT_S = 180.0
 WARMUP_TIMEOUT_S = 900.0  # builds the project venv
 REQUESTS, CLIENTS = 200, 20
-
-PROBE = '''
-"""A tiny experiment: reports its first line, sleeps `sleep_s`, writes raw samples."""
-import json, os, socket, time
-
-def send(event):
-    path = os.environ.get("AUTOPILOT_EVENTS")
-    if path:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        s.sendall((json.dumps(event) + "\\n").encode())
-        s.close()
-
-send({"type": "started"})
-spec = json.load(open(os.environ["AUTOPILOT_SPEC"]))
-params = spec["parameters"]
-time.sleep(params["sleep_s"])
-# Raw paired samples for the control plane to judge (it never takes a self-reported verdict).
-a = [1000000 + 997 * (i % 5) for i in range(10)]
-b = [v + 311 * ((3 * i) % 4) - 400 for i, v in enumerate(a)]
-pairs = {"a_ns": a, "b_ns": b}
-json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": params,
-           "noise_floor": {"samples": pairs},
-           "comparisons": [{"variant": "probe", "baseline": "base", "samples": pairs,
-                            "accuracy": {"max_abs_error": 0.0, "scale": 1.0}}]},
-          open(os.environ["AUTOPILOT_RESULT"], "w"))
-'''
 
 
 def make_repo(root: Path, name: str, points: int = 30) -> Path:
@@ -100,51 +76,6 @@ def make_repo(root: Path, name: str, points: int = 30) -> Path:
         defaults={"k": 0, "sleep_s": 0.2},
     )
     return make_probe_repo(root, name, "probe", PROBE, config, "probe project")
-
-
-def ts(value: str | None) -> float | None:
-    """A stored or served timestamp (UTC, with or without offset) as epoch seconds."""
-    if not value:
-        return None
-    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed.timestamp()
-
-
-# -- processes ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_cli(env: dict[str, str], cwd: Path, *args: str) -> str:
-    done = subprocess.run(  # noqa: S603 - our own CLI, fixed argv
-        [sys.executable, "-m", "workers.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"autopilot {' '.join(args)} failed: {done.stderr or done.stdout}")
-    return done.stdout.strip()
-
-
-def wait_http(url: str, services: Services, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        services.check_alive()
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout:g} s")
 
 
 # -- 1. overhead --------------------------------------------------------------------------------
@@ -379,14 +310,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 "PYTHONPATH": os.pathsep.join(filter(None, pythonpath)),
             }
         )
-        repo = make_repo(tmp, PROJECT)
-        run_cli(env, tmp, "db", "upgrade")
-        run_cli(env, tmp, "project", "create", "--name", PROJECT, "--repo-url", str(repo))
-        token = run_cli(env, tmp, "token", "create", "--name", "bench", "--scope", "admin")
-        token = token.splitlines()[-1].strip()
+        token = register_probe(env, tmp, PROJECT, make_repo(tmp, PROJECT))
         # The GPU worker fetches the project from the control host's forge over HTTP.
-        worker = run_cli(env, tmp, "token", "create", "--name", "bench-gpu", "--scope", "worker")
-        env["AUTOPILOT_CONTROL_TOKEN"] = worker.splitlines()[-1].strip()
+        env["AUTOPILOT_CONTROL_TOKEN"] = new_token(env, tmp, "bench-gpu", "worker")
         base = f"http://127.0.0.1:{port}"
         hello = f"http://127.0.0.1:{hello_port}"
         services = Services(env, log_dir, tmp)

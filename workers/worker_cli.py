@@ -80,7 +80,10 @@ def worker_gpu(
 @worker_app.command("control")
 def worker_control(
     beat: Annotated[bool, typer.Option("--beat", help="Also run the beat schedule")] = False,
-    concurrency: Annotated[int, typer.Option(min=1, max=64)] = 4,
+    concurrency: Annotated[
+        int,
+        typer.Option(min=0, max=64, help="Threads; 0: sized to the machine (4 per core, 8-16)"),
+    ] = 0,
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Consume the control queue (cycle steps, merges, schedules, the reaper). Jobs are
@@ -97,7 +100,8 @@ def worker_control(
             err=True,
         )
 
-    argv = control_argv(load_settings(), concurrency, loglevel, beat=beat)
+    threads = concurrency or control_concurrency(os.cpu_count() or 1)
+    argv = control_argv(load_settings(), threads, loglevel, beat=beat)
     celery.worker_main(argv)
 
 
@@ -106,6 +110,17 @@ def beat_command(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
     from workers.celery_app import celery
 
     celery.start(["beat", "--loglevel", loglevel])
+
+
+def control_concurrency(cores: int) -> int:
+    """The control worker's threads on a machine of `cores`: 4 per core, 8 to 16.
+
+    A cycle step spends its time waiting on git subprocesses, the database and the forge, not
+    on Python, so threads (one GIL) overlap them; more threads than 4 a core only queue on the
+    cores and on the database pool (5 + 10 connections an engine). bench/fleet.py measured it
+    (docs/benchmarks.md, "fleet"). Per-cycle order does not depend on it: `Machine.advance`
+    holds a lock per cycle."""
+    return max(8, min(16, 4 * cores))
 
 
 def control_argv(settings: Settings, concurrency: int, loglevel: str, *, beat: bool) -> list[str]:

@@ -40,6 +40,7 @@ from app.forge.gitrunner import (
     fetch_failure,
     github_git_prefix,
     repo_lock,
+    single_flight,
 )
 from app.projects import schemas as ops_schemas
 from app.settings import Settings, redact_text
@@ -139,10 +140,15 @@ class GitWork:
         return self.repos_dir / f"{project}.git"
 
     def fetch(self, project: str, url: str) -> Path:
-        """Create the project's mirror if needed and bring its remote branches up to date."""
+        """Create the project's mirror if needed and bring its remote branches up to date.
+
+        Concurrent calls for one mirror share a fetch (`single_flight`): a caller waiting on
+        the lock returns as soon as a fetch that began after it asked has finished."""
         check_url(url)
         mirror = self.mirror_path(project)
-        with repo_lock(mirror):
+        with single_flight(mirror, url) as needed:
+            if not needed:  # a fetch that began after this call asked has just finished
+                return mirror
             if not (mirror / "HEAD").exists():
                 mirror.mkdir(parents=True, exist_ok=True)
                 self.git.run(["init", "--bare", "--quiet", str(mirror)], mirror.parent)
@@ -205,15 +211,31 @@ class GitWork:
     # -- the cycle's branch ---------------------------------------------------------------
 
     def start_branch(
-        self, project: str, url: str, base: str, cycle_id: str | int, slug: str
+        self,
+        project: str,
+        url: str,
+        base: str,
+        cycle_id: str | int,
+        slug: str,
+        *,
+        base_sha: str | None = None,
     ) -> CycleBranch:
         """The cycle's branch in the mirror, made at the remote's `base`; reused if present.
 
         Called again after a crash, it returns the same branch with the base it started from
         (the merge base with the remote's base), so a base that moved since is not picked up.
+        A caller that knows that base (`base_sha`, recorded on the cycle) gets the branch
+        without a fetch when the mirror holds it: the later steps of a cycle touch no remote.
         """
         check_branch_name(base)
         branch = branch_name(project, cycle_id, slug)
+        if base_sha is not None:
+            mirror = self.mirror_path(project)
+            ref = f"refs/heads/{branch}"
+            if (mirror / "HEAD").exists() and self.git.ok(
+                ["rev-parse", "--verify", "--quiet", ref], mirror
+            ):
+                return CycleBranch(project, branch, base, _check_sha(base_sha), mirror)
         mirror = self.fetch(project, url)
         try:
             base_tip = self.git.run(
@@ -340,7 +362,10 @@ class GitWork:
         private index: no working tree is read. Idempotent: when the tip already holds exactly
         these files it is returned unchanged."""
         self._tmp.mkdir(parents=True, exist_ok=True)
-        with repo_lock(branch.mirror), tempfile.TemporaryDirectory(dir=self._tmp) as tmp:
+        # Objects are written without the mirror's lock (git writes each atomically, and one
+        # advancer per cycle owns its branch): only the ref update, a compare-and-swap on the
+        # parent, takes it, so cycles of one project commit side by side.
+        with tempfile.TemporaryDirectory(dir=self._tmp) as tmp:
             index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             parent = self.tip(branch)
             self.git.run(["read-tree", parent], branch.mirror, extra_env=index)
@@ -366,7 +391,8 @@ class GitWork:
                 ["commit-tree", tree, "-p", parent, "-m", message], branch.mirror, identity=True
             )
             self.check_protected(branch, ref=sha, allowed=allowed)
-            self.git.run(["update-ref", branch.ref, sha, parent], branch.mirror)
+            with repo_lock(branch.mirror):
+                self.git.run(["update-ref", branch.ref, sha, parent], branch.mirror)
         return sha
 
     def push(self, branch: CycleBranch, url: str, *, allowed: Sequence[str] = ()) -> str:
@@ -376,7 +402,8 @@ class GitWork:
         a changed judge past the earlier checks."""
         check_url(url)
         sha = self.tip(branch)
-        self.check_protected(branch, ref=sha, allowed=allowed)
+        if sha != branch.base_sha:  # the base itself changes no protected path
+            self.check_protected(branch, ref=sha, allowed=allowed)
         refspec = f"{branch.ref}:{branch.ref}"
         delay = self._push_backoff_s
         for attempt in range(1, self._push_attempts + 1):

@@ -13,8 +13,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import os
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -259,6 +261,30 @@ def repo_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def single_flight(path: Path, key: str) -> Iterator[bool]:
+    """Under `repo_lock(path)`: yields whether this caller must do the work named `key` (a
+    fetch of one URL), recording it when the caller's block ends without an error.
+
+    It yields False when a run of the same work *began after this caller asked* and has
+    finished: that run saw the remote at least as new as this caller would, so doing it again
+    only queues behind the lock (many cycles of one project fetching its mirror at once share
+    one fetch). The record is the wall-clock start of the last finished run and a hash of its
+    key, in `<path>.flight` next to the lock."""
+    asked = time.time()
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    record = path.with_name(path.name + ".flight")
+    with repo_lock(path):
+        with contextlib.suppress(OSError, ValueError):
+            began, done = record.read_text().split()
+            if done == digest and float(began) >= asked:
+                yield False
+                return
+        began_now = time.time()
+        yield True
+        record.write_text(f"{began_now!r} {digest}\n")
 
 
 def fetch_failure(exc: GitFailed, url: str, branch: str | None = None) -> AutopilotError:

@@ -32,6 +32,7 @@ from app.forge.gitrunner import (
     check_url,
     fetch_failure,
     repo_lock,
+    single_flight,
 )
 from app.forge.models import PullRequestComment, PullRequestRecord
 from app.projects import schemas as ops_schemas
@@ -120,7 +121,10 @@ class LocalForge:
         reach the next cycle, while a base that moved here (a merged PR) is kept as it is."""
         bare = Path(self.remote_url(project))
         branch = check_branch_name(project.default_branch)
-        with repo_lock(bare):
+        # Cycles planned at once share one fetch (gitrunner.single_flight).
+        with single_flight(bare, f"{project.repo_url} {branch}") as needed:
+            if not needed:
+                return
             try:
                 self.git.run(
                     [

@@ -51,8 +51,14 @@ class Step:
         return GitWork(self.settings)
 
     def branch(self, cycle: Cycle, project: ProjectRef, forge: Forge) -> CycleBranch:
-        """The cycle's branch in the project's mirror, made once and reused by every later step."""
+        """The cycle's branch in the project's mirror, made once and reused by every later step
+        (without a fetch once the cycle records its base: prepare does)."""
         slug = slugify(cycle.agent if cycle.agent != "config" else "cycle")
         return self.git().start_branch(
-            project.name, forge.remote_url(project), project.default_branch, cycle.id, slug
+            project.name,
+            forge.remote_url(project),
+            project.default_branch,
+            cycle.id,
+            slug,
+            base_sha=cycle.base_sha,
         )

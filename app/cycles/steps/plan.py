@@ -3,6 +3,9 @@ refuse a repeat (lesson 5) and defer a cycle over budget, all before any git or 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -52,54 +55,71 @@ class Plan(Step):
                 cycle = service.get(session, cycle_id)
                 repository.set_state(session, cycle, "deferred_budget", error=over)
             return True
-        if requested[0]:
-            experiment = config.experiment(requested[0])
-            params = experiment.check_parameters(dict(requested[1] or {}))
-            proposal = agents.Proposal(
-                hypothesis=changed or f"{requested[0]} at {params} on {gpu_kind}",
-                experiment=requested[0],
-                parameters=params,
-                changes=changed or "",
-            )
-        else:
-            context = agent_context.build_context(self.stores, project, config, cycle_id)
-            if agent_name == "config":
-                agent_name = config.agent.kind
-            agent = self._agent(cycle_id, agent_name, config)
-            try:
-                found = agent.propose(context)
-            except Exception:
-                self._keep_exchange(cycle_id, agent)  # why it failed, for the reviewer
-                raise
-            if found is None:
-                raise agents.NothingToPropose(
-                    "every point of the declared parameter space has a recorded verdict or a "
-                    "live cycle; declare new points or state a changed hypothesis"
-                )
-            proposal = found
-        agents.validate(proposal, config)
-        fp = memory.fingerprint(ref.name, proposal.experiment, proposal.parameters, gpu_kind)
-        with self.stores.memory_session() as msession:
-            repeat = memory.check_repeat(msession, fp)
-            repeat_id = repeat.verdict.id if repeat else None
-        with self.stores.ops_session() as session:
-            cycle = service.get(session, cycle_id)
-            cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters
-            cycle.hypothesis, cycle.fingerprint = proposal.hypothesis, fp
-            cycle.proposal, cycle.agent_tokens = proposal.to_json(), proposal.tokens
-            cycle.agent_exchange = proposal.exchange
-            cycle.repeat_of = repeat_id
-            if repeat_id and not changed:
-                # Lesson 5: no repeat without a changed hypothesis.
-                repository.set_state(
-                    session,
-                    cycle,
-                    "skipped_repeat",
-                    error=f"already judged: finding {repeat_id}; state changed_hypothesis to rerun",
+        kind = config.agent.kind if agent_name == "config" else agent_name
+        # Two sweeps of one project planned at once would see the same live points and pick the
+        # same one (lesson 5): a sweep chooses and records its point under the project's lock,
+        # for the milliseconds that takes. An agent that works for minutes is not serialised.
+        serialise = kind == "sweep" and not requested[0]
+        with self._project_lock(ref.name) if serialise else contextlib.nullcontext():
+            if requested[0]:
+                experiment = config.experiment(requested[0])
+                params = experiment.check_parameters(dict(requested[1] or {}))
+                proposal = agents.Proposal(
+                    hypothesis=changed or f"{requested[0]} at {params} on {gpu_kind}",
+                    experiment=requested[0],
+                    parameters=params,
+                    changes=changed or "",
                 )
             else:
-                repository.set_state(session, cycle, "preparing")
+                context = agent_context.build_context(self.stores, project, config, cycle_id)
+                agent = self._agent(cycle_id, kind, config)
+                try:
+                    found = agent.propose(context)
+                except Exception:
+                    self._keep_exchange(cycle_id, agent)  # why it failed, for the reviewer
+                    raise
+                if found is None:
+                    raise agents.NothingToPropose(
+                        "every point of the declared parameter space has a recorded verdict or a "
+                        "live cycle; declare new points or state a changed hypothesis"
+                    )
+                proposal = found
+            agents.validate(proposal, config)
+            fp = memory.fingerprint(ref.name, proposal.experiment, proposal.parameters, gpu_kind)
+            with self.stores.memory_session() as msession:
+                repeat = memory.check_repeat(msession, fp)
+                repeat_id = repeat.verdict.id if repeat else None
+            with self.stores.ops_session() as session:
+                cycle = service.get(session, cycle_id)
+                cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters
+                cycle.hypothesis, cycle.fingerprint = proposal.hypothesis, fp
+                cycle.proposal, cycle.agent_tokens = proposal.to_json(), proposal.tokens
+                cycle.agent_exchange = proposal.exchange
+                cycle.repeat_of = repeat_id
+                if repeat_id and not changed:
+                    # Lesson 5: no repeat without a changed hypothesis.
+                    repository.set_state(
+                        session,
+                        cycle,
+                        "skipped_repeat",
+                        error=(
+                            f"already judged: finding {repeat_id}; "
+                            "state changed_hypothesis to rerun"
+                        ),
+                    )
+                else:
+                    repository.set_state(session, cycle, "preparing")
         return True
+
+    @contextlib.contextmanager
+    def _project_lock(self, project: str) -> Iterator[None]:
+        # On this control host, like Machine's cycle lock (several control hosts would use a
+        # PostgreSQL advisory lock).
+        folder = self.settings.state_dir.absolute() / "cycles"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"plan-{project}.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
 
     def _over_token_budget(self, cycle_id: int, config: ProjectConfig) -> str | None:
         """Why the cycle must wait for the project's LLM token budget, or None."""
