@@ -147,6 +147,12 @@ def installer_for(requirements: Sequence[str], system_site_packages: bool) -> st
     return "pip" if names & TORCH_FAMILY else "uv"
 
 
+def cache_scope(target: Path) -> str:
+    """Whose caches a venv's build uses: the project's, from the venv's folder name
+    (`<project>-<key>-py<version>`, `venv.venv_dir`)."""
+    return target.name.rsplit("-", 2)[0] or target.name
+
+
 def build(
     target: Path,
     requirements: Sequence[str],
@@ -167,9 +173,13 @@ def build(
     home = target.parent / f"{target.name}.home"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(mode=0o700)
-    caches = [target.parent / PIP_CACHE_DIR, target.parent / UV_CACHE_DIR]
+    # One cache per project: a build runs the project's own package builds, which can write
+    # into the cache it is given; a shared one would let one project's sdist plant files that
+    # another project's venv copies in.
+    project = cache_scope(target)
+    caches = [target.parent / PIP_CACHE_DIR / project, target.parent / UV_CACHE_DIR / project]
     for cache in caches:
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
     target.mkdir()
     uv = find_uv_bin()
     env = build_env(home) | {

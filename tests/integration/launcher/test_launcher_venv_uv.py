@@ -91,9 +91,10 @@ def test_uv_builds_the_venv_and_records_its_lock(tmp_path: Path, sandboxed: bool
     marker = json.loads((built.path / COMPLETE_MARKER).read_text())
     assert marker["lock"] == record["lock"] and marker["build_s"] > 0
     assert [s for s in dict.fromkeys(steps)] == ["create", "install", "check", "freeze", "done"]
-    # uv's cache is the state dir's, never the worker's ~/.cache
-    assert (state / "venvs" / UV_CACHE_DIR).is_dir()
-    assert any((state / "venvs" / UV_CACHE_DIR).iterdir())
+    # uv's cache is the state dir's, never the worker's ~/.cache, and the project's own
+    assert (state / "venvs" / UV_CACHE_DIR / "tiny").is_dir()
+    assert any((state / "venvs" / UV_CACHE_DIR / "tiny").iterdir())
+    assert [p.name for p in (state / "venvs" / UV_CACHE_DIR).iterdir()] == ["tiny"]
     again = ensure_venv(state, "tiny", [str(tmp_path / "tiny-pkg")])
     assert not again.built and again.environment()["lock"] == record["lock"]
 
