@@ -152,6 +152,10 @@ def export_findings(
             for chunk in memory_export.export_chunks(session, format):
                 yield chunk.encode()
 
+    # A store that is down is a 503 here, not an empty 200 once the stream has begun (the
+    # token check may be answered from the token cache, without a DB round trip).
+    with stores.memory_session() as session:
+        session.connection()
     filename = "memory.jsonl" if format == "jsonl" else "memory.md"
     return StreamingResponse(
         body(),
