@@ -24,6 +24,7 @@ from app.memory.schemas import FindingCreate
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
+from tests.conftest import Backend
 from tests.support import free_port, served
 
 LOG = "[log] warming up\n[log] 1.23 ms per call\n"
@@ -67,9 +68,12 @@ class Control:
 
 
 @pytest.fixture
-def control(settings: Settings, stores: Stores) -> Iterator[Control]:
+def control(backend: Backend, settings: Settings, stores: Stores) -> Iterator[Control]:
     """The control host: migrated stores with a project, a finished job with a log and a finding, its
-    API served on loopback."""
+    API served on loopback. Once, on the embedded stores: the remote CLI talks to the API, whose
+    stores are tested per back end elsewhere (and these tests are slow: real processes)."""
+    if backend.name != "sqlite":
+        pytest.skip("the remote CLI tests run once, with the embedded stores")
     with stores.ops_session() as session:
         project = ops.create_project(session, ProjectCreate(name="lab", repo_url="/srv/lab"))
         job = Job(
