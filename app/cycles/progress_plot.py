@@ -13,12 +13,12 @@ The API serves the very same SVG.
 from __future__ import annotations
 
 import html
-import io
 import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from app import svg
 from app.cycles.exceptions import NothingToPlot
 from app.cycles.progress import (
     NOT_JUDGED,
@@ -84,25 +84,9 @@ def url(point: Point) -> str:
 
 
 def _figure(width: float, height: float, rows: int, cols: int) -> tuple[Figure, list[Axes]]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height))
+    figure = svg.new_figure(width, height)
     axes = list(figure.subplots(rows, cols, squeeze=False).flat)
     return figure, axes
-
-
-def _svg(figure: Figure) -> str:
-    import matplotlib
-
-    # As the reports: a fixed hash salt, text kept as text, no date: the same data, same SVG.
-    with matplotlib.rc_context({"svg.hashsalt": "autopilot", "svg.fonttype": "none"}):
-        figure.tight_layout()
-        buffer = io.StringIO()
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
-    return buffer.getvalue()
 
 
 def _verdict_legend(ax: Axes, verdicts: list[str], extra: Sequence[Artist] = ()) -> None:
@@ -222,7 +206,7 @@ def trend_svg(progress: Progress, trend: Trend) -> str:
         extra.append(Line2D([], [], color=BEST, label="best so far"))
     _verdict_legend(ax, _verdicts(trend.points), extra)
     titles = {url(p): p.label for p in trend.points}
-    return inline(_svg(figure), "trend", titles, "Headline ratio per cycle, with best so far")
+    return inline(svg.to_svg(figure), "trend", titles, "Headline ratio per cycle, with best so far")
 
 
 def space_svg(space: SpaceMap) -> str:
@@ -271,7 +255,7 @@ def space_svg(space: SpaceMap) -> str:
         title += f" ({space.hidden_panels} more combinations with cycles not shown)"
     figure.suptitle(title)
     titles = {url(p): p.label for p in all_points}
-    return inline(_svg(figure), f"space-{space.experiment}", titles, title)
+    return inline(svg.to_svg(figure), f"space-{space.experiment}", titles, title)
 
 
 # -- fit for a page -----------------------------------------------------------------------

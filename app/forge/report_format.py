@@ -4,11 +4,12 @@ numbers read from a result, Markdown cells and code, and an SVG figure rendered 
 
 from __future__ import annotations
 
-import io
 import math
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from app import svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -52,15 +53,6 @@ def code_block(lines: Sequence[str], info: str = "sh") -> list[str]:
 
 def render_svg(panels: int, draw: Callable[[Sequence[Axes]], None]) -> str:
     """A figure of `panels` side by side (at least one), drawn by `draw`, as SVG text."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    from matplotlib.figure import Figure
-
-    with matplotlib.rc_context({"svg.hashsalt": "autopilot", "svg.fonttype": "none"}):
-        figure = Figure(figsize=(6.4 * max(panels, 1), 4.8))
-        draw(list(figure.subplots(1, max(panels, 1), squeeze=False)[0]))
-        figure.tight_layout()
-        buffer = io.StringIO()
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
-    return buffer.getvalue()
+    figure = svg.new_figure(6.4 * max(panels, 1), 4.8)
+    draw(list(figure.subplots(1, max(panels, 1), squeeze=False)[0]))
+    return svg.to_svg(figure)
