@@ -26,8 +26,8 @@ def get_stores(request: Request) -> Stores:
     return stores
 
 
-async def get_doorbell(request: Request) -> Coalescer:
-    """The API process's advance doorbell for new cycles (rung after the response, batched)."""
+def get_doorbell(request: Request) -> Coalescer:
+    """The API process's advance doorbell for new cycles (rung after the commit, batched)."""
     doorbell: Coalescer = request.app.state.doorbell
     return doorbell
 
@@ -76,25 +76,29 @@ def bearer_token(request: Request) -> str | None:
     return value.strip()
 
 
-async def current_token(request: Request, stores: StoresDep, settings: SettingsDep) -> ApiToken:
+async def current_token(request: Request) -> ApiToken:
     """The request's token: one verified in the last AUTOPILOT_TOKEN_CACHE_S is answered here,
     on the event loop; any other is checked in the thread pool, in its own short session
-    (authentication must not share the request's unit of work)."""
-    presented, ttl_s = bearer_token(request), settings.token_cache_s
+    (authentication must not share the request's unit of work). Every authenticated request
+    runs this: it reads the app state itself rather than through two more dependencies."""
+    presented, ttl_s = bearer_token(request), get_settings(request).token_cache_s
     token = ops.recently_verified(presented, ttl_s)
     if token is None:
         token = await run_in_threadpool(
-            ops.authenticate_cached, stores.ops_session, presented, ttl_s
+            ops.authenticate_cached, get_stores(request).ops_session, presented, ttl_s
         )
     request.state.token_name = token.name
     return token
 
 
-def require(scope: str | None) -> Callable[[ApiToken], Awaitable[ApiToken]]:
+def require(scope: str | None) -> Callable[[Request], Awaitable[ApiToken]]:
     """A dependency that admits any reading token (scope None: any scope but `worker` alone)
     or one holding `scope`."""
 
-    async def check(token: Annotated[ApiToken, Depends(current_token)]) -> ApiToken:
+    # One dependency, not two (the token's, then this check's): every authenticated request
+    # pays FastAPI's dependency solving per level.
+    async def check(request: Request) -> ApiToken:
+        token = await current_token(request)
         if scope is not None:
             ops.require_scope(token, scope)
         else:

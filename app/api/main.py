@@ -74,15 +74,17 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
         )
-    app.include_router(health.router)
-    app.include_router(metrics_router)  # /metrics, public like /healthz
+    # The router tries routes in order: the API first, the trigger route's router first in it
+    # (issue 18: the busiest route matches on its first candidates). No two prefixes overlap.
     api = APIRouter(prefix=API_PREFIX)
+    api.include_router(cycles_router)
     api.include_router(projects_router)
     api.include_router(memory_router)
     api.include_router(jobs_router)
-    api.include_router(cycles_router)
     api.include_router(autopilot_router)
     app.include_router(api)
+    app.include_router(health.router)
+    app.include_router(metrics_router)  # /metrics, public like /healthz
     app.include_router(dashboard_router)  # /dashboard/*, and / redirects there
     app.include_router(forge_http_router)  # /git/<project>.git/*: the local forge, read-only
     return app

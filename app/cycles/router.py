@@ -14,15 +14,12 @@ from app.api.deps import (
     OpsSession,
     ReviewToken,
     RowId,
-    SettingsDep,
-    StoresDep,
     TriggerToken,
     get_doorbell,
     get_settings,
     get_stores,
     page_headers,
 )
-from app.broker import Coalescer
 from app.cycles import progress_plot, review, schedules, service
 from app.cycles.models import Cycle, CycleStep
 from app.cycles.schemas import (
@@ -55,14 +52,15 @@ def _one(session: Session, cycle: Cycle, steps: Sequence[CycleStep] = ()) -> Cyc
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=CycleOut)
 def trigger_cycle(
     body: CycleCreate,
-    response: Response,
+    request: Request,
     token: TriggerToken,
-    doorbell: Annotated[Coalescer, Depends(get_doorbell)],
-    stores: StoresDep,
-    settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
-) -> CycleOut:
-    key, request = (
+) -> Response:
+    # The hot route (issue 18): app state is read off the request rather than through a
+    # dependency each, and the answer is serialised once, here (FastAPI would validate the
+    # returned model against `response_model` again); the docs keep the declared model.
+    settings, stores = get_settings(request), get_stores(request)
+    key, request_hash = (
         service.idempotency(token.name, idempotency_key, body.model_dump(mode="json"))
         if idempotency_key
         else (None, None)
@@ -77,7 +75,7 @@ def trigger_cycle(
                 parameters=dict(body.parameters) if body.parameters else None,
                 changed_hypothesis=body.changed_hypothesis,
                 idempotency_key=key,
-                request_hash=request,
+                request_hash=request_hash,
             ),
             max_live=settings.max_live_cycles_per_project,
             key_ttl_s=settings.idempotency_ttl_s,
@@ -87,10 +85,12 @@ def trigger_cycle(
     if created:
         # After the commit; sent by the coalescer's thread, one message per burst: the caller
         # does not wait on the broker. One lost (the process dies first) the reaper rings again.
-        doorbell.add(out.id)
-    else:
-        response.status_code = status.HTTP_200_OK
-    return out
+        get_doorbell(request).add(out.id)
+    return Response(
+        out.model_dump_json(),
+        status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        media_type="application/json",
+    )
 
 
 @router.get("", response_model=list[CycleOut])

@@ -117,8 +117,9 @@ def create(
         changed_hypothesis=trigger.changed_hypothesis,
     )
     if not trigger.idempotency_key:
-        repository.add(session, cycle)  # no unique key to collide on: no savepoint needed
-        return cycle, True
+        # No unique key to collide on: no savepoint, and one Core INSERT (the returned cycle
+        # is outside the session: callers read it).
+        return repository.insert_new(session, cycle), True
     try:
         with session.begin_nested():
             repository.add(session, cycle)
