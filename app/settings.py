@@ -306,9 +306,12 @@ def check_control_url(value: str) -> str:
     return checked
 
 
+DOTENV = "the .env file"
+
+
 def given_settings() -> dict[str, str]:
     """The settings this host sets itself (not defaults), each with where: env or .env file."""
-    given = {name: "the .env file" for name in DotEnvSettingsSource(Settings)()}
+    given = {name: DOTENV for name in DotEnvSettingsSource(Settings)()}
     given.update({name: "the environment" for name in EnvSettingsSource(Settings)()})
     return given
 

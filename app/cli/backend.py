@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from app.cli.common import fail, global_flags, load_settings
 from app.cli.local import LocalBackend
 from app.cli.remote import RemoteBackend
-from app.settings import check_control_url, given_settings
+from app.settings import DOTENV, check_control_url, given_settings
 
 Row = dict[str, Any]
 Write = Callable[[str], None]
@@ -114,6 +114,16 @@ def remote_target() -> Remote | None:
     else:
         return None
     token = flags.get("token") or (settings.token.get_secret_value() if settings.token else "")
+    token_from = "--token" if flags.get("token") else given.get("token")
+    # A `.env` is read from the working directory, which may be a research repo's checkout: a
+    # token from elsewhere (the environment, --token) is not sent where such a file says.
+    url_from = "--api" if flags.get("api") else given.get("control_url")
+    if token and url_from == DOTENV and token_from != DOTENV:
+        fail(
+            f"AUTOPILOT_CONTROL_URL ({url}) comes from ./.env, the token does not: the token "
+            "is not sent to an address a file in the working directory names; pass --api, set "
+            "AUTOPILOT_CONTROL_URL in the environment, or run elsewhere"
+        )
     if not token and config.get("api", "").rstrip("/") == url:
         token = config.get("token", "")  # a saved token goes only to the API it was saved for
     if token:

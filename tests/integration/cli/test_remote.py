@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -222,3 +223,31 @@ def test_empty_lists_say_so_and_version(laptop: Path) -> None:
     version = autopilot(laptop, "--version")
     assert version.returncode == 0 and version.stdout.startswith("autopilot 0.")
     assert "--install-completion" in autopilot(laptop, "--help").stdout
+
+
+def test_a_dotenv_in_the_working_directory_cannot_redirect_the_token(laptop: Path) -> None:
+    """A research repo's checkout may hold a `.env`: its AUTOPILOT_CONTROL_URL does not get a
+    token that came from the environment or --token (it would be the repo's to choose where
+    the token goes)."""
+    secret = "ap_from-the-environment-7c2e"
+    with socket.socket() as trap:  # where the file points: anything that connects is seen
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(4)
+        trap.setblocking(False)
+        url = f"http://127.0.0.1:{trap.getsockname()[1]}"
+        (laptop / ".env").write_text(f"AUTOPILOT_CONTROL_URL={url}\n")
+        for args, env in [
+            (("cycle", "list"), {"AUTOPILOT_TOKEN": secret}),
+            (("--token", secret, "job", "list"), {}),
+        ]:
+            result = autopilot(laptop, *args, env=env)
+            line = one_line_error(result, "comes from ./.env, the token does not")
+            assert secret not in result.stderr + result.stdout, line
+        with pytest.raises(BlockingIOError):
+            trap.accept()  # nothing connected
+
+        # Both from the same file: the file's own pair is used as it says (here: unreachable).
+        (laptop / ".env").write_text(f"AUTOPILOT_CONTROL_URL={url}\nAUTOPILOT_TOKEN={secret}\n")
+        trap.close()
+        same_file = autopilot(laptop, "cycle", "list")
+        assert "unreachable" in one_line_error(same_file, url)
