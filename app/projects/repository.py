@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import delete as delete_rows
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from app.projects.models import ApiToken, Project, SigninSession
@@ -60,6 +61,15 @@ def on_autopilot(session: Session) -> Sequence[Project]:
 def add_signin(session: Session, row: SigninSession) -> None:
     session.add(row)
     session.flush()
+
+
+def prune_signins(session: Session, before: datetime) -> None:
+    """Forget the sign-ins that lapsed (expired or ended) before `before`."""
+    session.execute(
+        delete_rows(SigninSession).where(
+            or_(SigninSession.expires_at < before, SigninSession.ended_at < before)
+        )
+    )
 
 
 def get_signin(session: Session, digest: str) -> SigninSession | None:

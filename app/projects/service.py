@@ -23,6 +23,8 @@ from app.projects.models import ApiToken, Project, SigninSession
 from app.projects.schemas import SCOPES, WORKER_SCOPES, ProjectCreate, check_slug
 
 TOKEN_PREFIX = "ap_"  # noqa: S105 - a prefix, not a secret
+#: How long a lapsed (expired or ended) dashboard sign-in is kept before it is deleted.
+SIGNIN_KEPT_S = 7 * 24 * 3600.0
 
 
 def create_project(session: Session, data: ProjectCreate) -> Project:
@@ -127,9 +129,12 @@ def revoke_token(session: Session, name: str) -> ApiToken:
 
 
 def start_signin(session: Session, token: ApiToken, lifetime_s: float) -> str:
-    """A dashboard sign-in for `token`: the id its cookie carries (only its sha256 is kept)."""
+    """A dashboard sign-in for `token`: the id its cookie carries (only its sha256 is kept).
+    Sign-ins that lapsed over SIGNIN_KEPT_S ago are forgotten here, so the table stays the size
+    of the recent ones."""
     sid = secrets.token_urlsafe(32)
     now = utcnow()
+    repository.prune_signins(session, now - timedelta(seconds=SIGNIN_KEPT_S))
     repository.add_signin(
         session,
         SigninSession(
