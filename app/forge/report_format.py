@@ -20,6 +20,10 @@ _BACKTICKS = re.compile(r"`+")
 #: pass (tight_layout measures every text again: half the CPU of the plot).
 PANEL_W, PANEL_H = 6.4, 4.8
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, MARGIN_TOP, PANEL_GAP = 0.85, 0.15, 0.6, 0.4, 1.0
+#: A panel's title at the top of its axes, where automatic placement puts it (no panel has tick
+#: labels on top): given, it spares matplotlib measuring the top axis at each draw (~15% of the
+#: plot's CPU); the SVG is the same byte for byte.
+TITLE_Y = 1.0
 
 
 def number(value: Any) -> float | None:
