@@ -4,6 +4,8 @@ the ops DB while the job runs is cut here from the log file (`tail_text`)."""
 
 from __future__ import annotations
 
+import functools
+import ssl
 from pathlib import Path
 
 import httpx
@@ -21,6 +23,13 @@ __all__ = ["LOG_TAIL_BYTES", "LogUploadFailed", "tail_text", "upload_log"]
 LOG_UPLOAD_PATH = "/api/v1/jobs/{job_id}/log"
 # Connecting fails fast; a large log on a slow link may take a while between chunks.
 UPLOAD_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS settings httpx would build for each request (its CA bundle read and parsed:
+    about 20 ms of CPU, once per job otherwise), built once; an SSLContext is shared safely."""
+    return httpx.create_ssl_context()
 
 
 class LogUploadFailed(Exception):
@@ -50,6 +59,7 @@ def upload_log(
                     "Content-Type": "application/octet-stream",
                 },
                 timeout=timeout,
+                verify=_tls(),
             )
     except FileNotFoundError:
         raise LogUploadFailed(f"cannot upload {where}: {path} does not exist") from None

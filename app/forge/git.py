@@ -251,6 +251,8 @@ class GitWork:
                 ["rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], mirror
             ):
                 self.git.run(["update-ref", f"refs/heads/{branch}", base_tip, ""], mirror)
+                # Made at base_tip just now: that is its merge base with base_tip.
+                return CycleBranch(project, branch, base, base_tip, mirror)
             base_sha = self.git.run(["merge-base", f"refs/heads/{branch}", base_tip], mirror)
         return CycleBranch(project, branch, base, base_sha, mirror)
 
@@ -368,22 +370,28 @@ class GitWork:
         with tempfile.TemporaryDirectory(dir=self._tmp) as tmp:
             index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             parent = self.tip(branch)
-            self.git.run(["read-tree", parent], branch.mirror, extra_env=index)
-            for path, content in sorted(files.items()):
-                if path.startswith(("/", "-")) or ".." in path.split("/"):
+            paths = sorted(files)
+            for path in paths:
+                if path.startswith(("/", "-")) or ".." in path.split("/") or "\0" in path:
                     raise InvalidRef(f"{path!r} cannot be committed: a path inside the repository")
-                blob = (
-                    self.git.run_bytes(
-                        ["hash-object", "-w", "--stdin"], branch.mirror, stdin=content
-                    )
-                    .decode()
-                    .strip()
-                )
-                self.git.run(
-                    ["update-index", "--add", "--cacheinfo", f"100644,{blob},{path}"],
-                    branch.mirror,
-                    extra_env=index,
-                )
+            self.git.run(["read-tree", parent], branch.mirror, extra_env=index)
+            # One git for all the blobs and one for the index (not two a file): the contents
+            # go through this private directory, hashed as they are (as `--stdin` hashed them).
+            sources = [Path(tmp) / f"blob-{number}" for number in range(len(paths))]
+            for source, path in zip(sources, paths, strict=True):
+                source.write_bytes(files[path])
+            listed = "".join(f"{source}\n" for source in sources).encode()
+            hashed = ["hash-object", "-w", "--no-filters", "--stdin-paths"]
+            blobs = self.git.run_bytes(hashed, branch.mirror, stdin=listed).decode().split()
+            entries = "".join(
+                f"100644 {blob}\t{path}\0" for blob, path in zip(blobs, paths, strict=True)
+            )
+            self.git.run_bytes(
+                ["update-index", "-z", "--add", "--index-info"],
+                branch.mirror,
+                extra_env=index,
+                stdin=entries.encode(),
+            )
             tree = self.git.run(["write-tree"], branch.mirror, extra_env=index)
             if tree == self.git.run(["rev-parse", f"{parent}^{{tree}}"], branch.mirror):
                 return parent

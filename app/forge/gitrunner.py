@@ -13,10 +13,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
+import re
 import subprocess
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -62,18 +66,25 @@ def check_branch_name(name: str) -> str:
         raise InvalidRef(f"branch name {name!r} is not allowed (empty, leading '-', '..' or '@{{')")
     if any(ord(c) < 32 or c in " ~^:?*[\\\x7f" for c in name):
         raise InvalidRef(f"branch name {name!r} contains a character git refs cannot hold")
-    # A full ref never starts with '-', so git cannot mistake it for an option.
-    checked = subprocess.run(  # noqa: S603 - fixed argv, the name after a fixed prefix
-        ["git", "check-ref-format", f"refs/heads/{name}"],  # noqa: S607 - git from PATH
-        env=minimal_env(),
-        capture_output=True,
-        check=False,
-    )
-    if checked.returncode != 0:
+    if not _git_accepts_ref(f"refs/heads/{name}"):
         raise InvalidRef(
             f"branch name {name!r} is not a valid git ref (git check-ref-format)"
         ) from None
     return name
+
+
+@functools.lru_cache(maxsize=4096)
+def _git_accepts_ref(ref: str) -> bool:
+    """`git check-ref-format`'s answer, remembered: it depends on the name alone, and a cycle
+    checks the same few names (its branch, the base) a dozen times, a git process each."""
+    # A full ref never starts with '-', so git cannot mistake it for an option.
+    checked = subprocess.run(  # noqa: S603 - fixed argv, the name after a fixed prefix
+        ["git", "check-ref-format", ref],  # noqa: S607 - git from PATH
+        env=minimal_env(),
+        capture_output=True,
+        check=False,
+    )
+    return checked.returncode == 0
 
 
 def minimal_env() -> dict[str, str]:
@@ -124,6 +135,52 @@ def _append_config(env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str
         out[f"GIT_CONFIG_VALUE_{start + i}"] = extra[f"GIT_CONFIG_VALUE_{i}"]
     out["GIT_CONFIG_COUNT"] = str(start + count)
     return out
+
+
+#: A read named by a full object id (`<sha>` or `<sha>:<path>`), whose output cannot change.
+_OBJECT_NAME = re.compile(r"(?:[0-9a-f]{40}|[0-9a-f]{64})(?::.*)?", re.DOTALL)
+#: The reads whose output depends on nothing but the object they name.
+_OBJECT_READS = ("cat-file", "ls-tree", "show")
+_READS_KEPT = 256
+_READ_KEPT_MAX_BYTES = 1 << 20
+
+
+class _ObjectReads:
+    """Outputs of git reads of objects named by full ids, per repository: an object's content
+    never changes, and a cycle reads the same base config and trees several times (plan,
+    prepare, the protected-path checks of commit and push), a git process each."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, tuple[str, ...]], bytes] = OrderedDict()
+
+    @staticmethod
+    def cacheable(args: Sequence[str], stdin: bytes | None, extra_env: object) -> bool:
+        return (
+            len(args) >= 2
+            and args[0] in _OBJECT_READS
+            and stdin is None
+            and not extra_env
+            and _OBJECT_NAME.fullmatch(args[-1]) is not None
+        )
+
+    def get(self, key: tuple[str, tuple[str, ...]]) -> bytes | None:
+        with self._lock:
+            out = self._kept.get(key)
+            if out is not None:
+                self._kept.move_to_end(key)
+            return out
+
+    def put(self, key: tuple[str, tuple[str, ...]], out: bytes) -> None:
+        if len(out) > _READ_KEPT_MAX_BYTES:
+            return
+        with self._lock:
+            self._kept[key] = out
+            while len(self._kept) > _READS_KEPT:
+                self._kept.popitem(last=False)
+
+
+_object_reads = _ObjectReads()
 
 
 class GitRunner:
@@ -213,7 +270,12 @@ class GitRunner:
         extra_env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
     ) -> bytes:
-        """Run git; its stdout as bytes (a blob may not be text)."""
+        """Run git; its stdout as bytes (a blob may not be text). A read of an object named by
+        its full id is answered from what an earlier read of it in the same repository got."""
+        key = (str(Path(cwd).absolute()), tuple(args))
+        cacheable = _ObjectReads.cacheable(args, stdin, extra_env)
+        if cacheable and (kept := _object_reads.get(key)) is not None:
+            return kept
         env = self.env(url=url, identity=identity)
         if extra_env:
             env.update(_append_config(env, extra_env))
@@ -241,6 +303,8 @@ class GitRunner:
                 f"git {command} failed (exit {done.returncode}): {message or 'no message'}",
                 exit_status=done.returncode,
             )
+        if cacheable:
+            _object_reads.put(key, done.stdout)
         return done.stdout
 
     def ok(self, args: Sequence[str], cwd: Path) -> bool:

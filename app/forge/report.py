@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import InvalidInput
 from app.forge import report_command
+from app.forge.report_format import TITLE_Y, render_svg
 from app.forge.report_format import cell as _cell
 from app.forge.report_format import number as _num
-from app.forge.report_format import render_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -395,7 +395,7 @@ def render_plot(result: Mapping[str, Any]) -> str:
             )
             ax.set_xlabel(f"baseline time per call ({unit})")
             ax.set_ylabel(f"variant time per call ({unit})")
-            ax.set_title("Paired samples (below the line: variant faster)")
+            ax.set_title("Paired samples (below the line: variant faster)", y=TITLE_Y)
             ax.legend(loc="best", fontsize="small")
         if sweep:
             ax = axes[index]
@@ -403,7 +403,7 @@ def render_plot(result: Mapping[str, Any]) -> str:
                 ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=name)
             ax.set_xlabel("threads (count)")
             ax.set_ylabel("throughput (calls/s)")
-            ax.set_title("Thread sweep")
+            ax.set_title("Thread sweep", y=TITLE_Y)
             ax.legend(loc="best", fontsize="small")
         if not panels:
             ax = axes[0]

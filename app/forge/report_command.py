@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from app.forge.report_format import cell, code_block, code_span, number, render_svg
+from app.forge.report_format import TITLE_Y, cell, code_block, code_span, number, render_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -323,7 +323,7 @@ def _draw_runs(
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set_ylabel(metric)
     better = _better(result.get("direction"))
-    ax.set_title(f"{metric} per run" + (f" ({better})" if better else ""))
+    ax.set_title(f"{metric} per run" + (f" ({better})" if better else ""), y=TITLE_Y)
 
 
 def _draw_ratios(
@@ -347,7 +347,7 @@ def _draw_ratios(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block")
     ax.set_ylabel("ratio")
-    ax.set_title("Per-block ratios")
+    ax.set_title("Per-block ratios", y=TITLE_Y)
     ax.legend(loc="best", fontsize="small")
 
 

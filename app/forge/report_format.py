@@ -15,6 +15,16 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 _BACKTICKS = re.compile(r"`+")
+#: A report panel's size and the room around its axes, in inches: about what tight_layout gave
+#: these figures, with room on the left for tick labels of eight characters (`−0.00012`; the
+#: tick formatter switches to an offset beyond). Fixed margins spare the commit step a layout
+#: pass (tight_layout measures every text again: half the CPU of the plot).
+PANEL_W, PANEL_H = 6.4, 4.8
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, MARGIN_TOP, PANEL_GAP = 1.0, 0.15, 0.6, 0.4, 1.1
+#: A panel's title at the top of its axes, where automatic placement puts it (no panel has tick
+#: labels on top): given, it spares matplotlib measuring the top axis at each draw (~15% of the
+#: plot's CPU); the SVG is the same byte for byte.
+TITLE_Y = 1.0
 
 
 def number(value: Any) -> float | None:
@@ -53,6 +63,16 @@ def code_block(lines: Sequence[str], info: str = "sh") -> list[str]:
 
 def render_svg(panels: int, draw: Callable[[Sequence[Axes]], None]) -> str:
     """A figure of `panels` side by side (at least one), drawn by `draw`, as SVG text."""
-    figure = svg.new_figure(6.4 * max(panels, 1), 4.8)
-    draw(list(figure.subplots(1, max(panels, 1), squeeze=False)[0]))
-    return svg.to_svg(figure)
+    count = max(panels, 1)
+    width = PANEL_W * count
+    figure = svg.new_figure(width, PANEL_H)
+    axes_w = (width - MARGIN_LEFT - MARGIN_RIGHT - PANEL_GAP * (count - 1)) / count
+    figure.subplots_adjust(
+        left=MARGIN_LEFT / width,
+        right=1 - MARGIN_RIGHT / width,
+        bottom=MARGIN_BOTTOM / PANEL_H,
+        top=1 - MARGIN_TOP / PANEL_H,
+        wspace=PANEL_GAP / axes_w,
+    )
+    draw(list(figure.subplots(1, count, squeeze=False)[0]))
+    return svg.to_svg(figure, tight=False)
