@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -206,9 +213,18 @@ class Settings(BaseSettings):
     def _dashboard_url(cls, value: str) -> str:
         return _base_url(value, "the dashboard's base URL, e.g. https://autopilot.lab/dashboard")
 
+    _control_url_built: bool = PrivateAttr(default=False)
+
+    @property
+    def control_url_built(self) -> bool:
+        """Whether `control_url` was built from `host` and `port` (none, or an empty one, was
+        given): then it names this machine's API, not a control host chosen by anyone."""
+        return self._control_url_built
+
     @model_validator(mode="after")
     def _default_control_url(self) -> Settings:
         if not self.control_url:
+            self._control_url_built = True
             # A bind-all address is no address to reach: the API on this machine is loopback.
             host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104
             host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host

@@ -107,7 +107,7 @@ def remote_target() -> Remote | None:
     given = given_settings()
     if flags.get("api"):
         url = check_url(flags["api"] or "", "--api")
-    elif "control_url" in given:
+    elif "control_url" in given and not settings.control_url_built:  # an empty one: unset
         url = settings.control_url
     elif config.get("api"):
         url = check_url(config["api"], str(config_path()))

@@ -33,19 +33,28 @@ def add(session: Session, cycle: Cycle) -> None:
 
 _INSERT = insert(Cycle.__table__)  # type: ignore[arg-type]
 _COLUMNS = [c.key for c in Cycle.__table__.columns if c.key != "id"]
+#: The columns' scalar defaults (state `planned`, agent, trigger, gpu_seconds), applied here as
+#: the ORM would at its INSERT, so the object says what the row holds.
+_DEFAULTS = {
+    c.key: c.default.arg
+    for c in Cycle.__table__.columns
+    if c.default is not None and c.default.is_scalar
+}
 
 
 def insert_new(session: Session, cycle: Cycle) -> Cycle:
     """Store a new cycle with one Core INSERT in the session's transaction, bypassing the
-    unit of work (the trigger route's insert, issue 18: the ORM flush cost three times the
-    rest of the route's database work). `cycle` gets its id and defaults, and joins the session
-    as the row it now is (persistent: a later change to it is flushed as an UPDATE)."""
+    unit of work (the trigger route's insert without an Idempotency-Key, issue 18: the ORM
+    flush cost three times the rest of the route's database work). `cycle` gets its id and
+    defaults, and joins the session as the row it now is (persistent: a later change to it is
+    flushed as an UPDATE). Not for a savepoint that may roll back: the object would stay in
+    the session without its row."""
     now = utcnow()
-    cycle.state = cycle.state or "planned"
-    cycle.gpu_seconds, cycle.created_at, cycle.updated_at = 0.0, now, now
     values = {key: getattr(cycle, key) for key in _COLUMNS}  # an unset attribute reads None
-    # Only what is set: a column left out is NULL, as the ORM's INSERT leaves it (a JSON
-    # column given None would store JSON `null`). A handful of shapes, each compiled once.
+    values.update({k: v for k, v in _DEFAULTS.items() if values[k] is None})
+    values["created_at"], values["updated_at"] = now, now
+    # A None is left out (the column is NULL); given, a JSON column would store JSON `null`.
+    # Both read back as None. A handful of shapes, each compiled once.
     key = (
         session.connection()
         .execute(_INSERT, {k: v for k, v in values.items() if v is not None})
@@ -97,7 +106,9 @@ def project_and_live_count(session: Session, project_name: str) -> tuple[int, in
     """The named project's id and how many of its cycles have not finished stepping, in one
     query (a trigger's only read), or None when no project has that name."""
     # Core execution on the session's connection: no ORM entity is loaded, so the ORM's
-    # statement handling would only add CPU.
+    # statement handling would only add CPU. It does not autoflush: flushed here, so a change
+    # pending in this session (a cycle just cancelled) is counted as the ORM query would.
+    session.flush()
     row = (
         session.connection()
         .execute(_PROJECT_AND_LIVE_COUNT, {"project_name": project_name})

@@ -118,7 +118,7 @@ def create(
     )
     if not trigger.idempotency_key:
         # No unique key to collide on: no savepoint, and one Core INSERT (the returned cycle
-        # is outside the session: callers read it).
+        # is in the session, as the row it is).
         return repository.insert_new(session, cycle), True
     try:
         with session.begin_nested():

@@ -383,15 +383,15 @@ class GitWork:
             listed = "".join(f"{source}\n" for source in sources).encode()
             hashed = ["hash-object", "-w", "--no-filters", "--stdin-paths"]
             blobs = self.git.run_bytes(hashed, branch.mirror, stdin=listed).decode().split()
-            entries = "".join(
-                f"100644 {blob}\t{path}\0" for blob, path in zip(blobs, paths, strict=True)
-            )
-            self.git.run_bytes(
-                ["update-index", "-z", "--add", "--index-info"],
-                branch.mirror,
-                extra_env=index,
-                stdin=entries.encode(),
-            )
+            # `--cacheinfo` per path, not `--index-info`: that one skips a path it finds invalid
+            # (`a//b`) and settles a file/directory clash by deleting, both with exit 0; this
+            # fails the commit instead, as a commit of one file each did.
+            entries = [
+                arg
+                for blob, path in zip(blobs, paths, strict=True)
+                for arg in ("--cacheinfo", f"100644,{blob},{path}")
+            ]
+            self.git.run(["update-index", "--add", *entries], branch.mirror, extra_env=index)
             tree = self.git.run(["write-tree"], branch.mirror, extra_env=index)
             if tree == self.git.run(["rev-parse", f"{parent}^{{tree}}"], branch.mirror):
                 return parent

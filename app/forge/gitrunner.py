@@ -139,30 +139,40 @@ def _append_config(env: Mapping[str, str], extra: Mapping[str, str]) -> dict[str
 
 #: A read named by a full object id (`<sha>` or `<sha>:<path>`), whose output cannot change.
 _OBJECT_NAME = re.compile(r"(?:[0-9a-f]{40}|[0-9a-f]{64})(?::.*)?", re.DOTALL)
-#: The reads whose output depends on nothing but the object they name.
-_OBJECT_READS = ("cat-file", "ls-tree", "show")
-_READS_KEPT = 256
+#: `cat-file` forms that print an object's content (not `-e`/`-t`: whether it exists *here*
+#: can change, after a re-clone or a gc).
+_CAT_FILE_CONTENT = ("blob", "tree", "commit", "-p")
+#: Kept outputs, all together, and the largest kept (a recursive `ls-tree` of a large repo).
+_READS_KEPT_BYTES = 32 << 20
 _READ_KEPT_MAX_BYTES = 1 << 20
 
 
 class _ObjectReads:
     """Outputs of git reads of objects named by full ids, per repository: an object's content
     never changes, and a cycle reads the same base config and trees several times (plan,
-    prepare, the protected-path checks of commit and push), a git process each."""
+    prepare, the protected-path checks of commit and push), a git process each. Bounded by
+    bytes, least recently used out first."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kept: OrderedDict[tuple[str, tuple[str, ...]], bytes] = OrderedDict()
+        self._bytes = 0
 
     @staticmethod
     def cacheable(args: Sequence[str], stdin: bytes | None, extra_env: object) -> bool:
-        return (
-            len(args) >= 2
-            and args[0] in _OBJECT_READS
-            and stdin is None
-            and not extra_env
-            and _OBJECT_NAME.fullmatch(args[-1]) is not None
-        )
+        """Only reads whose output is the object's content alone: `cat-file <type>|-p`,
+        `ls-tree`, and `show <sha>:<path>` (a `show` of a commit also prints notes and
+        mailmapped names, which change)."""
+        if len(args) < 2 or stdin is not None or extra_env:
+            return False
+        name = _OBJECT_NAME.fullmatch(args[-1])
+        if name is None:
+            return False
+        if args[0] == "cat-file":
+            return len(args) == 3 and args[1] in _CAT_FILE_CONTENT
+        if args[0] == "show":
+            return len(args) == 2 and ":" in args[1]
+        return args[0] == "ls-tree"
 
     def get(self, key: tuple[str, tuple[str, ...]]) -> bytes | None:
         with self._lock:
@@ -175,9 +185,13 @@ class _ObjectReads:
         if len(out) > _READ_KEPT_MAX_BYTES:
             return
         with self._lock:
+            previous = self._kept.pop(key, None)
+            self._bytes -= len(previous) if previous is not None else 0
             self._kept[key] = out
-            while len(self._kept) > _READS_KEPT:
-                self._kept.popitem(last=False)
+            self._bytes += len(out)
+            while self._bytes > _READS_KEPT_BYTES:
+                _, dropped = self._kept.popitem(last=False)
+                self._bytes -= len(dropped)
 
 
 _object_reads = _ObjectReads()

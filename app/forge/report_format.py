@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 
 _BACKTICKS = re.compile(r"`+")
 #: A report panel's size and the room around its axes, in inches: about what tight_layout gave
-#: these figures, with room on the left for tick labels of eight characters (`−0.00012`; the
-#: tick formatter switches to an offset beyond). Fixed margins spare the commit step a layout
-#: pass (tight_layout measures every text again: half the CPU of the plot).
+#: these figures, with room on the left for the y label and tick labels of nine characters
+#: (`−0.000125`; the tick formatter switches to an offset beyond). Fixed margins spare the
+#: commit step a layout pass (tight_layout measures every text again: half the plot's CPU).
 PANEL_W, PANEL_H = 6.4, 4.8
-MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, MARGIN_TOP, PANEL_GAP = 1.0, 0.15, 0.6, 0.4, 1.1
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, MARGIN_TOP, PANEL_GAP = 1.15, 0.15, 0.6, 0.4, 1.1
 #: A panel's title at the top of its axes, where automatic placement puts it (no panel has tick
 #: labels on top): given, it spares matplotlib measuring the top axis at each draw (~15% of the
 #: plot's CPU); the SVG is the same byte for byte.

@@ -66,9 +66,11 @@ def add_signin(session: Session, row: SigninSession) -> None:
 def prune_signins(session: Session, before: datetime) -> None:
     """Forget the sign-ins that lapsed (expired or ended) before `before`."""
     session.execute(
-        delete_rows(SigninSession).where(
-            or_(SigninSession.expires_at < before, SigninSession.ended_at < before)
-        )
+        delete_rows(SigninSession)
+        .where(or_(SigninSession.expires_at < before, SigninSession.ended_at < before))
+        # No evaluation in Python of rows this session holds (SQLite's naive datetimes would
+        # not compare with `before`); none is read after this in the session.
+        .execution_options(synchronize_session=False)
     )
 
 

@@ -243,6 +243,13 @@ def test_a_dotenv_in_the_working_directory_cannot_redirect_the_token(laptop: Pat
             result = autopilot(laptop, *args, env=env)
             line = one_line_error(result, "comes from ./.env, the token does not")
             assert secret not in result.stderr + result.stdout, line
+        # An empty AUTOPILOT_CONTROL_URL is unset, not a URL built from the file's host/port.
+        port = trap.getsockname()[1]
+        (laptop / ".env").write_text(f"AUTOPILOT_HOST=127.0.0.1\nAUTOPILOT_PORT={port}\n")
+        built = autopilot(
+            laptop, "cycle", "list", env={"AUTOPILOT_CONTROL_URL": "", "AUTOPILOT_TOKEN": secret}
+        )
+        assert secret not in built.stderr + built.stdout
         with pytest.raises(BlockingIOError):
             trap.accept()  # nothing connected
 

@@ -298,3 +298,21 @@ def test_a_module_that_would_shadow_a_protected_one_is_refused(
     bundle = agent_change(work, br, tmp_path, {shadow: "def ref(x):\n    return 0\n"})
     with pytest.raises(ProtectedPathChanged, match=re.escape(shadow)):
         work.take_agent_work(br, bundle)
+
+
+def test_a_results_commit_refuses_a_bad_path_or_clash_and_moves_nothing(
+    work: GitWork, origin: Path
+) -> None:
+    """Every file is committed, or the commit fails: git's batch index input would skip an
+    invalid path (`a//b`) and settle a file/directory clash by deleting, both silently."""
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01-aaaa", "x")
+    clash = {"results/c0ffee01": b"a file\n"}
+    tip = work.commit_files(br, clash, "a file where a directory goes", allowed=RESULTS)
+    for files in (
+        {"results/c0ffee01//REPORT.md": b"# r\n", "results/c0ffee01/result.json": b"{}\n"},
+        {"results/c0ffee01/./REPORT.md": b"# r\n"},
+        {"results/c0ffee01/REPORT.md": b"# r\n"},  # under the file of the same name
+    ):
+        with pytest.raises(GitFailed):
+            work.commit_files(br, files, "bad", allowed=RESULTS)
+        assert work.tip(br) == tip
