@@ -41,10 +41,12 @@ EXEC_TIMEOUT_S = 30.0
 
 #: What the stub runs (argv[1]: the write end of its status pipe). It restores the signals
 #: CPython ignores (as subprocess does for a child: an exec keeps ignored signals ignored),
-#: says it is ready ("R"), and reads its launch to the end: cwd, argc, argv, then the
-#: environment's `NAME=value` entries and a last ".", NUL-separated (none may hold a NUL). It
-#: execs the job with that environment only, never its own (CPython may have set LC_CTYPE in
-#: it); the status pipe closes on exec, or says why the exec failed ("E<errno>:<what>").
+#: says it is ready ("R"), and reads its launch: its length (10 digits), then cwd, argc, argv
+#: and the environment's `NAME=value` entries, NUL-separated (none may hold a NUL); a message
+#: cut short (the worker died writing it) is never run. One read in the common case: the job
+#: waits for no second wake-up of the stub. It execs the job with that environment only, never
+#: its own (CPython may have set LC_CTYPE in it); the status pipe closes on exec, or says why
+#: the exec failed ("E<errno>:<what>").
 _STUB = """\
 import _signal, os
 status = int(__import__("sys").argv[1])
@@ -53,14 +55,16 @@ _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
 _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
 null = os.open("/dev/null", os.O_RDONLY)  # the job's stdin (closed on exec)
 os.write(status, b"R")
-parts = []
-while chunk := os.read(0, 65536):
-    parts.append(chunk)
-if not parts:
+data = os.read(0, 65536)
+if not data:
     os._exit(0)
-fields = b"".join(parts).split(b"\\0")
-if fields.pop() != b".":
-    os._exit(125)
+size, data = int(data[:10]), data[10:]
+while len(data) < size:
+    chunk = os.read(0, size - len(data))
+    if not chunk:
+        os._exit(125)
+    data += chunk
+fields = data.split(b"\\0")
 argc = int(fields[1])
 argv = fields[2 : 2 + argc]
 env = dict(kv.split(b"=", 1) for kv in fields[2 + argc :] if kv)
@@ -81,7 +85,8 @@ def _message(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bytes:
     fields += [os.fsencode(f"{name}={value}") for name, value in env.items()]
     if any(b"\0" in f for f in fields) or any("=" in name or not name for name in env):
         raise LaunchError("an argument or environment entry of the job holds a NUL or '='")
-    return b"\0".join([*fields, b"."])  # the end: a message cut short is never run
+    body = b"\0".join(fields)
+    return b"%010d" % len(body) + body
 
 
 class ExecStub:
@@ -138,7 +143,9 @@ class ExecStub:
         message = _message(argv, env, cwd)
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(message)
+            sent = 0
+            while sent < len(message):  # (one write unless it is over the pipe's 64 KiB)
+                sent += os.write(self.proc.stdin.fileno(), message[sent:])
             self.proc.stdin.close()
         except OSError:  # it is gone: never given the job
             self.close()

@@ -212,3 +212,17 @@ def test_a_job_message_with_a_nul_is_refused() -> None:
         assert stub.alive()  # nothing was sent: the caller still owns it
     finally:
         stub.close()
+
+
+def test_a_launch_larger_than_the_pipe_reaches_the_job_whole(tmp_path: Path) -> None:
+    """The stub reads its launch to the length it was told: an environment over the pipe's
+    64 KiB arrives whole (and one cut short would not run)."""
+    stub = _waiting()
+    execstub.take()
+    big = {"BIG": "x" * 100_000, "OTHER": "y" * 30_000}
+    proc = stub.launch(["/bin/sh", "-c", 'printf "%s %s" "${#BIG}" "${#OTHER}"'], big, tmp_path)
+    assert proc is not None
+    out, _ = proc.communicate(timeout=30)
+    assert out == b"100000 30000"
+    assert stub.cgroup is not None
+    stub.cgroup.remove()
