@@ -81,7 +81,10 @@ os._exit(127)
 
 
 def _message(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bytes:
-    fields = [os.fsencode(str(cwd)), str(len(argv)).encode(), *map(os.fsencode, argv)]
+    # The cwd made absolute here, where a relative one means what it means to Popen(cwd=...):
+    # the stub itself runs in "/".
+    where = os.fsencode(os.path.abspath(cwd))
+    fields = [where, str(len(argv)).encode(), *map(os.fsencode, argv)]
     fields += [os.fsencode(f"{name}={value}") for name, value in env.items()]
     if any(b"\0" in f for f in fields) or any("=" in name or not name for name in env):
         raise LaunchError("an argument or environment entry of the job holds a NUL or '='")

@@ -70,7 +70,11 @@ class Staged:
         self.started, self.started_wall = time.monotonic(), time.time()
         if self.stub is not None:
             stub, self.stub = self.stub, None
-            proc = stub.launch(self.job.command(), self.job.env(), self.job.cwd)
+            try:
+                proc = stub.launch(self.job.command(), self.job.env(), self.job.cwd)
+            except BaseException:
+                stub.close()  # (a no-op once it became the job)
+                raise
             if proc is not None:  # the job runs in the stub's cgroup, from its first instruction
                 self.proc, self.cgroup, self.launch = proc, stub.cgroup, "stub"
                 return proc

@@ -226,3 +226,29 @@ def test_a_launch_larger_than_the_pipe_reaches_the_job_whole(tmp_path: Path) -> 
     assert out == b"100000 30000"
     assert stub.cgroup is not None
     stub.cgroup.remove()
+
+
+def test_a_relative_cwd_means_what_it_means_to_popen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "wt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    stub = _waiting()
+    execstub.take()
+    proc = stub.launch(["/bin/pwd"], {}, Path("wt"))
+    assert proc is not None
+    out, _ = proc.communicate(timeout=30)
+    assert out.decode().strip() == str(tmp_path / "wt")
+    assert stub.cgroup is not None
+    stub.cgroup.remove()
+
+
+def test_a_job_the_stub_cannot_take_leaves_no_stub_behind(make_job: MakeJob) -> None:
+    stub = _waiting()
+    assert stub.cgroup is not None
+    pid, path = stub.proc.pid, stub.cgroup.path
+    job = make_job("pass\n", cgroup=confine.job_cgroup_name(26), cwd=Path("/tmp/a\0b"))
+    with pytest.raises(LaunchError, match="NUL"):
+        run_job(job, limits=Limits(timeout_s=30))
+    assert not alive(pid)
+    assert not path.exists()
