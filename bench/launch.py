@@ -9,10 +9,15 @@ Pairs are interleaved with the order alternating; figures are medians.
 
     python bench/launch.py [--quick] [--json] [--sandbox] [--no-cgroup]
 
-Each launch of ours runs in a cgroup of its own named for this process (`job-0.w<pid>`), as a
-GPU worker's jobs do wherever the host has a writable cgroup v2: a cold module job then starts
-with vfork and the worker's death watch (`workers/launcher/deathwatch.py`). `--no-cgroup`
-measures the fallback of a host without one (a preexec_fn that sets PR_SET_PDEATHSIG: fork).
+Each launch of ours runs in a cgroup of its own named for this process, as a GPU worker's jobs
+do wherever the host has a writable cgroup v2. There a GPU worker keeps an **exec stub**
+(`workers/launcher/execstub.py`) waiting in a fresh cgroup of its own, started while it is idle
+or the previous job runs; a cold job is exec'd by it and needs no cgroup move. "Ours" is that
+path: the stub is started and settled before the clock starts. The path without a stub (vfork,
+then the worker moves the job into `job-0.w<pid>` while it starts; the worker's death watch,
+`workers/launcher/deathwatch.py`) is measured in the same run, interleaved, as `no_stub_*`.
+`--no-cgroup` measures the fallback of a host without one (a preexec_fn that sets
+PR_SET_PDEATHSIG: fork).
 `--sandbox`: every launch of ours under bubblewrap (a GPU worker's default); the baseline
 stays bare Python, so the sandbox's cost shows in the difference between runs.
 """
@@ -31,7 +36,7 @@ from typing import Any
 
 from _common import bench_parser, emit, machine, module_job, today
 
-from workers.launcher import confine
+from workers.launcher import confine, execstub
 from workers.launcher.guard import run_guard
 from workers.launcher.runner import Limits, run_job
 from workers.launcher.runtime import allocate_runtime, release_runtime
@@ -68,13 +73,21 @@ def main() -> None:
         cache = work / "state" / "guard-cache"
         base_env = dict(os.environ)
 
-        def launch(check_cached: bool, parked: bool = False) -> tuple[float, float, float]:
+        def launch(
+            check_cached: bool, parked: bool = False, stub: bool = False
+        ) -> tuple[float, float, float]:
             """One launch: (first line - start, prep time, spawn-to-first-line).
 
             `parked`: as a GPU worker's second and later jobs run, handed to an interpreter
-            parked ahead of time (`Spare`, started and settled before the clock starts)."""
+            parked ahead of time (`Spare`, started and settled before the clock starts).
+            `stub`: a cold start exec'd by the worker's stub (started and settled before the
+            clock starts); else a cold start without one."""
             first: list[float] = []
             spare: Spare | None = None
+            if stub and not (execstub.prepare() and execstub.wait_ready(10.0)):
+                raise SystemExit("no exec stub could be started here")
+            if not stub:
+                execstub.discard()
             if parked:
                 rt = allocate_runtime(state_dir=work / "state", env=base_env)
                 spare = Spare(
@@ -129,7 +142,7 @@ def main() -> None:
                 release_runtime(rt)
             if out.returncode != 0 or not first:
                 raise SystemExit(f"user module failed: {out.stderr}")
-            if out.launch != ("spare" if parked else "cold"):
+            if out.launch != ("spare" if parked else "stub" if stub else "cold"):
                 raise SystemExit(f"launched {out.launch}: {out.spare_missed}")
             return first[0] - t0, t_spawn - t0, first[0] - t_spawn
 
@@ -160,31 +173,40 @@ def main() -> None:
         cgroup_used = probe is not None
         if probe is not None:
             probe.remove()
+        # A GPU worker's cold path: the exec stub where the host has a cgroup for the job and
+        # no sandbox (`staging.takes_stub`); elsewhere there is no stub and no second row.
+        stubbed = cgroup_used and not args.sandbox
         t_cold = time.monotonic()
         launch(check_cached=False)  # fills the guard cache (a cold guard run)
         guard_cold_s = time.monotonic() - t_cold
-        for _ in range(3):  # warm the page cache for both sides
+        for _ in range(3):  # warm the page cache for every side
+            launch(check_cached=True, stub=stubbed)
             launch(check_cached=True)
             bare()
         ours: list[float] = []
         prep: list[float] = []
         spawn: list[float] = []
         base: list[float] = []
+        no_stub: list[float] = []
         plain_m: list[float] = []
         warm: list[float] = []
+        # 0: ours, 1: the baseline, 2: the cold path without a stub; each order in turn
+        orders = [(0, 1, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0), (1, 0, 2), (0, 2, 1)]
         for i in range(pairs):
-            order = (0, 1) if i % 2 == 0 else (1, 0)
-            for side in order:
+            for side in orders[i % len(orders)]:
                 if side == 0:
-                    total, p, s = launch(check_cached=True)
+                    total, p, s = launch(check_cached=True, stub=stubbed)
                     ours.append(total)
                     prep.append(p)
                     spawn.append(s)
-                else:
+                elif side == 1:
                     base.append(bare())
+                elif stubbed:
+                    no_stub.append(launch(check_cached=True)[0])
             plain_m.append(bare_m())
             warm.append(launch(check_cached=True, parked=True)[0])
     finally:
+        execstub.discard()
         shutil.rmtree(work, ignore_errors=True)
 
     med_ours, med_base = statistics.median(ours), statistics.median(base)
@@ -206,11 +228,22 @@ def main() -> None:
         "prep_s": round(statistics.median(prep), 5),
         "spawn_to_first_line_s": round(statistics.median(spawn), 5),
         "guard_cold_s": round(guard_cold_s, 4),
+        "no_stub_first_line_s": round(statistics.median(no_stub), 5) if no_stub else None,
+        "no_stub_ratio": round(statistics.median(no_stub) / med_base, 3) if no_stub else None,
+        "no_stub_paired_ratio_median": round(
+            statistics.median(o / b for o, b in zip(no_stub, base, strict=True)), 3
+        )
+        if no_stub
+        else None,
         "parked_first_line_s": round(statistics.median(warm), 5),
         "parked_ratio": round(statistics.median(warm) / med_base, 3),
         "sandbox": args.sandbox,
         "cgroup": cgroup_used,
-        "cold_spawn": "preexec_fn (fork)" if args.sandbox or not cgroup_used else "vfork",
+        "cold_spawn": "exec stub"
+        if stubbed
+        else "preexec_fn (fork)"
+        if args.sandbox or not cgroup_used
+        else "vfork",
         "machine": machine("cpu", "cores", "python", "os"),
         "date": today(),
     }

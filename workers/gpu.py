@@ -29,7 +29,7 @@ from app.projects import config as project_config
 from app.settings import Settings, redact_text
 from workers import command_runs, control_client, prepare
 from workers.heartbeat import Heartbeat
-from workers.launcher import confine, runner, runtime, staging
+from workers.launcher import confine, execstub, runner, runtime, staging
 from workers.launcher.launch import LaunchError
 from workers.launcher.spare import SpareSlot
 from workers.next_job import NextJob
@@ -57,6 +57,9 @@ class RunLoop(NextJob):
     pending_cleanup: list[runtime.RuntimeDir] = field(default_factory=list)
     #: The worker's parked interpreter; None runs every job cold (in-process callers).
     spares: SpareSlot | None = None
+    #: Keep an exec stub (`launcher/execstub.py`) ready for the next cold start: started when
+    #: the loop ends and once a job's start is behind it (the Celery worker; not in-process).
+    exec_stub: bool = False
     #: Prepares this host's next jobs while the GPU runs one; None prepares only when idle.
     preparer: prepare.Preparer | None = None
     #: Launch settings read for the job in line and the job running (by source, experiment).
@@ -111,7 +114,14 @@ class RunLoop(NextJob):
         finally:
             self._release_reservation()
             self.cleanup()
+            self.ready_exec_stub()  # the next doorbell's first job starts from it
         return ran
+
+    def ready_exec_stub(self) -> None:
+        """Have a stub wait for the next cold start (an unconfined job's: a sandboxed job starts
+        bwrap in a cgroup of its own); off the GPU's path, it spawns and moves a process."""
+        if self.exec_stub and self.settings.sandbox != "on":
+            execstub.prepare()
 
     def _run_reserved(self, ticket: Ticket, settle: Settle) -> jobs.JobOutcome:
         try:
@@ -346,6 +356,8 @@ class RunLoop(NextJob):
                         log_file.write("[launch] handed to the parked interpreter\n")
                     elif outcome.spare_missed:
                         log_file.write(f"[launch] started cold: {outcome.spare_missed}\n")
+                    if outcome.launch == "stub":
+                        log_file.write("[launch] started cold by the worker's exec stub\n")
                     log_file.write(outcome.stdout)
                     log_file.write(outcome.stderr)
             result = job_outcome(self.settings, ticket, outcome, error, beat.cancelled, log_path)
@@ -409,8 +421,10 @@ class RunLoop(NextJob):
                     with self.stores.ops_session() as session:
                         jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line)
                 # The job's own start is behind it: reserve the next job now, and park its
-                # interpreter (else for the job first in line, else for one like this one).
+                # interpreter (else for the job first in line, else for one like this one);
+                # the exec stub the job may have used up is replaced for a later cold start.
                 reserved = self._reserve()
+                self.ready_exec_stub()
                 if self.spares is not None and self.settings.gpu_spare_interpreter:
                     after, hint = (
                         (reserved, self._launch_or(reserved, launch))

@@ -12,7 +12,7 @@ from app.db import Stores
 from app.settings import get_settings
 from workers import gpu, prepare, reaper
 from workers.celery_app import celery
-from workers.launcher import confine
+from workers.launcher import confine, execstub
 from workers.launcher.spare import SpareSlot
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ PREPARER: prepare.Preparer | None = None
 @worker_shutdown.connect
 def _close_spare(**_: object) -> None:
     SPARES.close()
+    execstub.discard()  # an unused one: its process and cgroup
     if PREPARER is not None:
         PREPARER.close()
 
@@ -48,7 +49,9 @@ def run_jobs(queue: str) -> int:
     if PREPARER is None:  # this worker's first doorbell
         confine.start_death_watch()
         PREPARER = prepare.Preparer(stores(), get_settings(), me.queue)
-    loop = gpu.RunLoop(stores(), get_settings(), me, spares=SPARES, preparer=PREPARER)
+    loop = gpu.RunLoop(
+        stores(), get_settings(), me, spares=SPARES, preparer=PREPARER, exec_stub=True
+    )
     return loop.run_available()
 
 

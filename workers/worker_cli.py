@@ -56,6 +56,12 @@ def worker_gpu(
     tasks.IDENTITY = me
     with Stores.from_settings(settings).ops_session() as session:
         jobs.register_worker(session, me.name, kind, device)
+    if settings.sandbox != "on":
+        from workers.launcher import execstub
+
+        # Its first cold job is exec'd by a stub waiting in a cgroup already (with the death
+        # watch that covers it); the loop keeps one ready after that (`RunLoop.exec_stub`).
+        execstub.prepare()
     # Solo pool: one job at a time in this process; nothing to isolate on a single GPU, and no
     # fork or IPC on the path between one job's end and the next one's start.
     celery.worker_main(

@@ -8,7 +8,8 @@ stopped as a whole on timeout (SIGTERM, a grace period, SIGKILL), and whatever i
 its cgroup (or, without one, its group) when it exits is killed, so no grandchild outlives the
 job, not even one that called setsid().
 
-With a parked interpreter (`spare.Spare`) the job is handed to it instead of started cold.
+With a parked interpreter (`spare.Spare`) the job is handed to it instead of started cold; a
+cold start is exec'd by the worker's waiting stub where it has one (`execstub.py`).
 How a process is started (`LaunchSpec`, the spawn) is in `launch.py`.
 """
 
@@ -74,7 +75,9 @@ class Outcome:
     stderr: str = ""
     stdout_bytes: int = 0
     stderr_bytes: int = 0
-    launch: str = "cold"  # "spare": handed to a parked interpreter (`Spare`)
+    #: "spare": handed to a parked interpreter (`Spare`); "stub": started cold by the worker's
+    #: exec stub (`execstub.py`), in the stub's cgroup
+    launch: str = "cold"
     exited_at: float | None = None  # wall clock: when its leader's exit was seen
     spare_missed: str | None = None  # why a spare offered for this job could not run it
 

@@ -1,7 +1,9 @@
 """A job made ready to start: its spec written, its event socket listening, its cgroup open and
 its parked interpreter (if any) chosen. `Staged.go()` then starts it: one pipe write to the
-spare, or a cold spawn. A GPU worker stages its reserved next job while the current one runs,
-and calls `go()` the moment the current one exits (`runner.run_job(on_exit=...)`).
+spare, or a cold start (exec'd by the worker's waiting stub, `execstub.py`, where it has one:
+the stub's cgroup is then the job's; else spawned). A GPU worker stages its reserved next job
+while the current one runs, and calls `go()` the moment the current one exits
+(`runner.run_job(on_exit=...)`).
 
 What a parked interpreter's start-up (its venv's .pth files, its preloads) might do to these
 paths (the spec, the event socket) concerns its own job only: the worker never reads the spec
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import sandbox
-from workers.launcher import confine
+from workers.launcher import confine, execstub
 from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, start
 from workers.launcher.runtime import RuntimeDirError
 from workers.launcher.spare import SPARE_READY_TIMEOUT_S, Spare
@@ -38,7 +40,8 @@ class Staged:
     spare: Spare | None
     missed: str | None = None  # why the spare offered could not run it
     proc: subprocess.Popen[bytes] | None = None
-    launch: str = "cold"  # "spare" once handed to the parked interpreter
+    launch: str = "cold"  # "spare": handed to the parked interpreter; "stub": exec'd by one
+    stub: execstub.ExecStub | None = None  # this worker's exec stub, taken for a cold start
     started: float = 0.0  # monotonic, at the hand-over or spawn
     started_wall: float | None = None  # the same moment, wall clock
 
@@ -61,8 +64,22 @@ class Staged:
             self.spare.close()
             self.spare = None
             if self.cgroup is None and self.job.cgroup is not None:
-                self.cgroup = open_cgroup(self.job)
+                self.stub = execstub.take() if takes_stub(self.job) else None
+                if self.stub is None:
+                    self.cgroup = open_cgroup(self.job)
         self.started, self.started_wall = time.monotonic(), time.time()
+        if self.stub is not None:
+            stub, self.stub = self.stub, None
+            try:
+                proc = stub.launch(self.job.command(), self.job.env(), self.job.cwd)
+            except BaseException:
+                stub.close()  # (a no-op once it became the job)
+                raise
+            if proc is not None:  # the job runs in the stub's cgroup, from its first instruction
+                self.proc, self.cgroup, self.launch = proc, stub.cgroup, "stub"
+                return proc
+            self.cgroup = open_cgroup(self.job)  # the stub had died: the placed path
+            self.started, self.started_wall = time.monotonic(), time.time()
         try:
             self.proc = start(self.job, self.job.env(), self.cgroup)
         except OSError as exc:
@@ -88,6 +105,9 @@ class Staged:
             os.unlink(self.job.runtime.events_path)
         if self.spare is not None and self.launch != "spare":
             self.spare.close()
+        if self.stub is not None:  # taken, never used
+            self.stub.close()
+            self.stub = None
 
 
 def stage(job: LaunchSpec, spare: Spare | None = None) -> Staged:
@@ -95,6 +115,7 @@ def stage(job: LaunchSpec, spare: Spare | None = None) -> Staged:
     finish its start-up); the spare is used up either way."""
     missed = None
     cgroup: sandbox.Cgroup | None = None
+    stub: execstub.ExecStub | None = None
     try:
         if job.argv is None and not ENTRY.match(job.entry):
             raise LaunchError(f"entry {job.entry!r} is not a dotted module name")
@@ -104,7 +125,10 @@ def stage(job: LaunchSpec, spare: Spare | None = None) -> Staged:
         parked_in_it = (
             spare is not None and spare.cgroup is not None and spare.cgroup.path.name == job.cgroup
         )
-        cgroup = open_cgroup(job) if job.cgroup is not None and not parked_in_it else None
+        if spare is None and takes_stub(job):
+            stub = execstub.take()  # its cgroup becomes the job's: no process moves at the start
+        wants_cgroup = job.cgroup is not None and not parked_in_it and stub is None
+        cgroup = open_cgroup(job) if wants_cgroup else None
         job.env()  # built (and kept) now, off the start's path
         _write_spec(job)
         with contextlib.suppress(FileNotFoundError):
@@ -113,11 +137,20 @@ def stage(job: LaunchSpec, spare: Spare | None = None) -> Staged:
     except BaseException:
         if spare is not None:
             spare.close()
+        if stub is not None:
+            stub.close()
         if cgroup is not None:
             with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
                 cgroup.remove()
         raise
-    return Staged(job=job, listener=listener, cgroup=cgroup, spare=spare, missed=missed)
+    return Staged(job=job, listener=listener, cgroup=cgroup, spare=spare, missed=missed, stub=stub)
+
+
+def takes_stub(job: LaunchSpec) -> bool:
+    """Whether a cold start of `job` may be exec'd by the worker's stub (`execstub.py`): an
+    unconfined module job that has a cgroup (a sandboxed one starts bwrap in its own, a
+    command keeps its spawn)."""
+    return job.argv is None and not job.sandboxed and job.cgroup is not None
 
 
 def _write_spec(job: LaunchSpec) -> None:

@@ -52,7 +52,7 @@ time.sleep(600)
 WORKER = """
 import os, sys
 from pathlib import Path
-from workers.launcher import confine, runner
+from workers.launcher import confine, execstub, runner
 from workers.launcher.launch import LaunchSpec
 from workers.launcher.runtime import allocate_runtime
 from workers.launcher.spare import Spare
@@ -66,10 +66,14 @@ spare = None
 if how == "spare":
     spare = Spare(workdir=wt, cgroup_name=name, **common)
     assert spare.wait_ready(60) is None
+if how == "stub":  # a cold start exec'd by the worker's stub, in the stub's cgroup
+    assert execstub.prepare() and execstub.wait_ready(60)
 job = LaunchSpec(entry="exp", cwd=wt, spec={}, pythonpath=[wt], cgroup=name, **common)
 say = lambda *words: print(*words, flush=True)
-runner.run_job(job, spare=spare, on_spawn=lambda pid, _g: say("spawned", pid, name),
-               on_event=lambda e: say("event"))
+def spawned(pid, _group):
+    own = [ln for ln in open(f"/proc/{pid}/cgroup").read().splitlines() if ln[:3] == "0::"]
+    say("spawned", pid, Path(own[0][3:]).name)
+runner.run_job(job, spare=spare, on_spawn=spawned, on_event=lambda e: say("event"))
 """
 
 
@@ -87,17 +91,24 @@ def _worker(tmp_path: Path, venv: Venv, how: str, sandboxed: bool) -> subprocess
 
 
 @pytest.mark.parametrize("when", ["at-spawn", "mid-job"])
-@pytest.mark.parametrize("how", ["cold", "spare"])
+@pytest.mark.parametrize("how", ["cold", "spare", "stub"])
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["unconfined", "sandboxed"])
 def test_the_job_dies_with_its_worker(
     tmp_path: Path, venv: Venv, how: str, sandboxed: bool, when: str
 ) -> None:
     if sandboxed and (why := sandbox.check()):
         pytest.skip(f"no sandbox here: {why}")
+    if sandboxed and how == "stub":
+        pytest.skip("a sandboxed job takes no exec stub (test_launcher_execstub.py)")
     worker = _worker(tmp_path, venv, how, sandboxed)
     try:
         assert worker.stdout is not None
         _, pid, name = worker.stdout.readline().split()
+        # The job's cgroup, named for its worker: the stub's, else the one named for the job.
+        if how == "stub":
+            assert name.startswith("stub-") and name.endswith(f".w{worker.pid}"), name
+        else:
+            assert name == f"job-1.w{worker.pid}"
         cgroup = sandbox.Cgroup(sandbox.cgroup_base() / name)
         # Placed before it runs anything: the spawned process is in its job's cgroup already.
         assert int(pid) in cgroup.pids()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app import broker
+from app import broker, sandbox
 from app.db import Stores
 from app.jobs import service as jobs
 from app.jobs.models import Job
@@ -55,6 +55,19 @@ def runs(workers: Workers, job_id: int) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+def has_cgroups() -> bool:
+    try:
+        sandbox.Cgroup.create("probe-queue").remove()
+    except sandbox.SandboxUnavailable:
+        return False
+    return True
+
+
+def stub_cgroups(worker_pid: int) -> list[Path]:
+    """The exec stubs' cgroups of a worker (`workers/launcher/execstub.py`)."""
+    return sorted(sandbox.cgroup_base().glob(f"stub-*.w{worker_pid}"))
+
+
 def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> None:
     repo = make_repo(tmp_path, "probe-a")
     workers.start("control", "control", "--beat")
@@ -75,6 +88,8 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
     ran = [line for line in log_text.splitlines() if not line.startswith("[venv] ")]
     assert ran[0] == "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"
     assert done.attempts == 1 and done.first_line_at is not None
+    if has_cgroups():  # its first job was exec'd by the stub the worker readied at its start
+        assert "[launch] started cold by the worker's exec stub" in ran, ran
     assert len(runs(workers, job_id)) == 1
     with stores.ops_session() as session:
         (worker,) = jobs.list_workers(session)
@@ -176,8 +191,12 @@ def test_the_next_job_runs_in_the_interpreter_parked_for_it(
     # The second job parked the next one in turn; it dies with its worker (PR_SET_PDEATHSIG).
     (again,) = wait_for(lambda: parked_interpreters(gpu.pid), timeout=30)
     assert again != parked
+    # A stub waits in a cgroup of the worker for a later cold start: it dies with its worker.
+    stubs = stub_cgroups(gpu.pid) if has_cgroups() else []
+    assert stubs or not has_cgroups()
     workers.kill("gpu")
     wait_for(lambda: not Path(f"/proc/{again}").exists(), timeout=10)
+    wait_for(lambda: not any(path.exists() for path in stubs), timeout=10)
 
 
 def test_the_next_job_is_reserved_while_one_runs_and_each_runs_once(
