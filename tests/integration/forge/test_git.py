@@ -321,13 +321,13 @@ def test_git_upkeep_runs_once_per_so_many_writes_not_after_each(
     git(origin, "config", "gc.autoDetach", "false")
     br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "upkeep")
     packs = [_packs(origin)]
-    for n in range(2):  # pushes: writes 1 and 2 of the origin
+    for n in range(3):  # pushes: writes 1 (the first: upkeep checks, 1 pack is fine), 2, 3
         work.commit_files(br, {f"results/c0ffee01/{n}.json": b"%d\n" % n}, "r", allowed=RESULTS)
         work.push(br, str(origin), allowed=RESULTS)
         packs.append(_packs(origin))
-    assert packs == [0, 1, 2]  # receive-pack left them: no `gc --auto` after a push
-    work.commit_files(br, {"results/c0ffee01/2.json": b"2\n"}, "r", allowed=RESULTS)
-    work.push(br, str(origin), allowed=RESULTS)  # write 3: upkeep's maintenance repacks
+    assert packs == [0, 1, 2, 3]  # receive-pack left them: no `gc --auto` after a push
+    work.commit_files(br, {"results/c0ffee01/3.json": b"3\n"}, "r", allowed=RESULTS)
+    work.push(br, str(origin), allowed=RESULTS)  # write 4: upkeep's maintenance repacks
     assert _packs(origin) == 1
     assert git(origin, "rev-parse", br.branch) == work.tip(br)
     git(origin, "fsck", "--no-progress")
