@@ -19,13 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from app import broker, db
 from app.clock import utcnow
 from app.cycles import repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.models import CycleStep
-from app.cycles.steps import BY_STATE
+from app.cycles.steps import BY_STATE, Step
 from app.db import Stores
 from app.errors import AutopilotError
 from app.settings import Settings, redact_text
@@ -43,13 +44,12 @@ class Machine:
     def advance(self, cycle_id: int) -> str:
         """Run steps until the cycle waits (for its job, a review, a budget) or ends."""
         with self._lock(cycle_id):
+            done: CycleStep | None = None  # a step that moved the cycle, its row still "started"
             while True:
-                with self.stores.ops_session() as session:
-                    state = service.get(session, cycle_id).state
-                step = BY_STATE.get(state)
-                if step is None:
+                state, step, attempt = self._next(cycle_id, done)
+                done = None
+                if step is None or attempt is None:
                     return state
-                attempt = self._begin(cycle_id, state)
                 try:
                     try:
                         moved = step(self.stores, self.settings).run(cycle_id)
@@ -78,11 +78,27 @@ class Machine:
                     self._end(attempt, "failed", detail)
                     self._fail(cycle_id, f"{state}: unexpected error: {detail}")
                     continue
-                self._end(attempt, "done" if moved else "waiting", None)
-                if moved and self.settings.fault_exit_after_step == state:
-                    os._exit(137)  # a crash at the worst moment, for the reliability tests
                 if not moved:
+                    self._end(attempt, "waiting", None)
                     return state
+                if self.settings.fault_exit_after_step == state:
+                    self._end(attempt, "done", None)
+                    os._exit(137)  # a crash at the worst moment, for the reliability tests
+                done = attempt
+
+    def _next(
+        self, cycle_id: int, done: CycleStep | None
+    ) -> tuple[str, type[Step] | None, CycleStep | None]:
+        """In one short session: the step that just moved the cycle recorded as done, the
+        cycle's state read, and the attempt of the step for that state begun (none where no
+        step runs from it). One transaction where three followed each other with nothing
+        between them; none is held while a step runs."""
+        with self.stores.ops_session() as session:
+            if done is not None:
+                self._record_end(session, done, "done", None)
+            state = service.get(session, cycle_id).state
+            step = BY_STATE.get(state)
+            return state, step, self._begin(session, cycle_id, state) if step else None
 
     @contextlib.contextmanager
     def _lock(self, cycle_id: int) -> Iterator[None]:
@@ -94,22 +110,26 @@ class Machine:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 
-    def _begin(self, cycle_id: int, name: str) -> CycleStep:
-        with self.stores.ops_session() as session:
-            previous = repository.step_attempts(session, cycle_id, name)
-            waiting = next((s for s in previous if s.status == "waiting"), None)
-            if waiting is not None:  # a wait re-checked is the same attempt, not a new one
-                waiting.status = "started"
-                return waiting
-            row = CycleStep(cycle_id=cycle_id, name=name, attempt=len(previous) + 1)
-            return repository.add_step(session, row, detached=True)
+    @staticmethod
+    def _begin(session: Session, cycle_id: int, name: str) -> CycleStep:
+        previous = repository.step_attempts(session, cycle_id, name)
+        waiting = next((s for s in previous if s.status == "waiting"), None)
+        if waiting is not None:  # a wait re-checked is the same attempt, not a new one
+            waiting.status = "started"
+            return waiting
+        row = CycleStep(cycle_id=cycle_id, name=name, attempt=len(previous) + 1)
+        return repository.add_step(session, row, detached=True)
 
     def _end(self, step: CycleStep, status: str, detail: str | None) -> None:
         with self.stores.ops_session() as session:
-            row = repository.get_step(session, step.id)
-            if row is not None:
-                row.status, row.detail = status, redact_text(detail) if detail else None
-                row.finished_at = utcnow() if status != "waiting" else None
+            self._record_end(session, step, status, detail)
+
+    @staticmethod
+    def _record_end(session: Session, step: CycleStep, status: str, detail: str | None) -> None:
+        row = repository.get_step(session, step.id)
+        if row is not None:
+            row.status, row.detail = status, redact_text(detail) if detail else None
+            row.finished_at = utcnow() if status != "waiting" else None
 
     def _fail(self, cycle_id: int, message: str) -> None:
         with self.stores.ops_session() as session:

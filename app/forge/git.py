@@ -13,12 +13,10 @@ config, so no token rests on disk.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -42,15 +40,16 @@ from app.forge.gitrunner import (
     repo_lock,
     single_flight,
 )
+from app.forge.refs import REMOTE_PREFIX as REMOTE_PREFIX
+from app.forge.refs import CycleBranch as CycleBranch
+from app.forge.refs import branch_name as branch_name
+from app.forge.refs import check_sha
+from app.forge.refs import slugify as slugify
 from app.projects import schemas as ops_schemas
 from app.settings import Settings, redact_text
 
 log = logging.getLogger(__name__)
 
-REMOTE_PREFIX = "refs/remotes/origin/"
-BRANCH_PREFIX = "autopilot"
-_SHORT_ID = re.compile(r"^[A-Za-z0-9]{1,40}$")
-_SLUG_CHARS = re.compile(r"[^a-z0-9]+")
 # What a push error says when the remote refused it on purpose: retrying cannot help.
 _REJECTED = (
     "[remote rejected]",
@@ -65,43 +64,6 @@ _REJECTED = (
     "repository not found",
     "does not appear to be a git repository",
 )
-
-
-def slugify(text: str, limit: int = 40) -> str:
-    """A branch-safe slug of free text (a hypothesis title): lower case, digits and '-'."""
-    slug = _SLUG_CHARS.sub("-", text.lower()).strip("-")[:limit].strip("-")
-    return slug or "change"
-
-
-def short_id(cycle_id: str | int) -> str:
-    value = str(cycle_id).replace("-", "")
-    if str(cycle_id).startswith("-") or not _SHORT_ID.fullmatch(value):
-        raise InvalidRef(f"cycle id {cycle_id!r} must be letters and digits")
-    return value[:8].lower()
-
-
-def branch_name(project: str, cycle_id: str | int, slug: str) -> str:
-    """`autopilot/<project>/<cycle-short-id>-<slug>`, validated."""
-    try:
-        ops_schemas.check_slug(project, "project")
-    except ValueError as exc:
-        raise InvalidRef(str(exc)) from None
-    return check_branch_name(f"{BRANCH_PREFIX}/{project}/{short_id(cycle_id)}-{slugify(slug)}")
-
-
-@dataclass(frozen=True)
-class CycleBranch:
-    """A cycle's branch in the project's mirror and the base commit it started from."""
-
-    project: str
-    branch: str
-    base: str
-    base_sha: str
-    mirror: Path
-
-    @property
-    def ref(self) -> str:
-        return f"refs/heads/{self.branch}"
 
 
 class GitWork:
@@ -129,6 +91,7 @@ class GitWork:
         self._push_attempts = max(1, push_attempts)
         self._push_backoff_s = push_backoff_s
         self._sleep = sleep
+        self._tips: dict[tuple[Path, str], str] = {}
 
     # -- the mirror -----------------------------------------------------------------------
 
@@ -188,7 +151,7 @@ class GitWork:
 
     def show(self, project: str, commit: str, path: str) -> str | None:
         """The text of `path` at `commit` in the project's mirror, or None where it has none."""
-        _check_sha(commit)
+        check_sha(commit)
         try:
             return self.git.run(["cat-file", "blob", f"{commit}:{path}"], self.mirror_path(project))
         except GitFailed:
@@ -229,40 +192,48 @@ class GitWork:
         """
         check_branch_name(base)
         branch = branch_name(project, cycle_id, slug)
+        ref, remote_base = f"refs/heads/{branch}", f"{REMOTE_PREFIX}{base}"
         if base_sha is not None:
             mirror = self.mirror_path(project)
-            ref = f"refs/heads/{branch}"
-            if (mirror / "HEAD").exists() and self.git.ok(
-                ["rev-parse", "--verify", "--quiet", ref], mirror
-            ):
-                return CycleBranch(project, branch, base, _check_sha(base_sha), mirror)
+            if (mirror / "HEAD").exists() and (tip := self.git.ref_tips(mirror, ref).get(ref)):
+                return self._at(
+                    CycleBranch(project, branch, base, check_sha(base_sha), mirror), tip
+                )
         mirror = self.fetch(project, url)
-        try:
-            base_tip = self.git.run(
-                ["rev-parse", "--verify", "--quiet", f"{REMOTE_PREFIX}{base}^{{commit}}"], mirror
-            )
-        except GitFailed:
-            raise BaseBranchMissing(
-                f"branch {base!r} does not exist on the project's remote; "
-                "check the project's default_branch"
-            ) from None
         with repo_lock(mirror):
-            if not self.git.ok(
-                ["rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], mirror
-            ):
-                self.git.run(["update-ref", f"refs/heads/{branch}", base_tip, ""], mirror)
+            tips = self.git.ref_tips(mirror, remote_base, ref)
+            base_tip = tips.get(remote_base)
+            if base_tip is None:
+                raise BaseBranchMissing(
+                    f"branch {base!r} does not exist on the project's remote; "
+                    "check the project's default_branch"
+                )
+            tip = tips.get(ref)
+            if tip is None:
+                self.git.run(["update-ref", ref, base_tip, ""], mirror)
                 # Made at base_tip just now: that is its merge base with base_tip.
-                return CycleBranch(project, branch, base, base_tip, mirror)
-            base_sha = self.git.run(["merge-base", f"refs/heads/{branch}", base_tip], mirror)
-        return CycleBranch(project, branch, base, base_sha, mirror)
+                return self._at(CycleBranch(project, branch, base, base_tip, mirror), base_tip)
+            base_sha = self.git.run(["merge-base", ref, base_tip], mirror)
+        return self._at(CycleBranch(project, branch, base, base_sha, mirror), tip)
+
+    def _at(self, branch: CycleBranch, tip: str) -> CycleBranch:
+        """Remember `branch`'s tip as this GitWork last read or wrote it: a step's later
+        `tip()` needs no git. (A cycle's branch moves only through its one advancer, and a step
+        uses one GitWork, so what it wrote last is what the branch holds.)"""
+        self._tips[(branch.mirror, branch.ref)] = tip
+        return branch
 
     def tip(self, branch: CycleBranch) -> str:
+        known = self._tips.get((branch.mirror, branch.ref))
+        if known is not None:
+            return known
         return self.git.run(["rev-parse", "--verify", f"{branch.ref}^{{commit}}"], branch.mirror)
 
     def reset_to_base(self, branch: CycleBranch) -> None:
         """Drop whatever an earlier (crashed) agent run left on the branch."""
         with repo_lock(branch.mirror):
             self.git.run(["update-ref", branch.ref, branch.base_sha], branch.mirror)
+        self._at(branch, branch.base_sha)
 
     def scratch_clone(self, branch: CycleBranch, dest: Path) -> Path:
         """A fresh clone of the branch for the agent, sharing no file with the mirror
@@ -336,6 +307,7 @@ class GitWork:
                 )
             self.check_protected(branch, ref=head)
             self.git.run(["update-ref", branch.ref, head], branch.mirror)
+        self._at(branch, head)
         return head
 
     def check_protected(
@@ -401,6 +373,7 @@ class GitWork:
             self.check_protected(branch, ref=sha, allowed=allowed)
             with repo_lock(branch.mirror):
                 self.git.run(["update-ref", branch.ref, sha, parent], branch.mirror)
+        self._at(branch, sha)
         return sha
 
     def push(self, branch: CycleBranch, url: str, *, allowed: Sequence[str] = ()) -> str:
@@ -448,7 +421,7 @@ class GitWork:
         (`git merge-tree --write-tree`, no checkout), for re-validating a result on a base that
         moved. Raises MergeConflict when it does not merge cleanly."""
         check_branch_name(head)
-        _check_sha(base_sha)
+        check_sha(base_sha)
         mirror = self.fetch(project, url)
         remote_head = f"{REMOTE_PREFIX}{head}"
         try:
@@ -479,7 +452,7 @@ class GitWork:
         hosts can fetch it; the branch is the autopilot's own and is overwritten."""
         check_url(url)
         check_branch_name(branch)
-        _check_sha(commit)
+        check_sha(commit)
         try:
             self.git.run(
                 ["push", "--force", "--end-of-options", url, f"{commit}:refs/heads/{branch}"],
@@ -489,9 +462,3 @@ class GitWork:
         except GitFailed as exc:
             raise PushFailed(f"pushing {branch} failed: {exc.detail}", branch=branch) from None
         return commit
-
-
-def _check_sha(value: str) -> str:
-    if len(value) < 7 or len(value) > 64 or not all(c in "0123456789abcdef" for c in value):
-        raise InvalidRef(f"{value!r} is not a commit sha")
-    return value

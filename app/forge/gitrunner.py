@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import re
 import subprocess
@@ -35,8 +36,11 @@ from app.forge.exceptions import (
     InvalidRef,
     TransportNotAllowed,
 )
+from app.forge.upkeep import Upkeep
 from app.projects import schemas as ops_schemas
 from app.settings import redact_text
+
+log = logging.getLogger(__name__)
 
 # `ext::` and `fd::` run commands; git refuses any transport not listed here (GIT_ALLOW_PROTOCOL).
 ALLOWED_PROTOCOLS = ("file", "git", "http", "https", "ssh")
@@ -195,6 +199,32 @@ class _ObjectReads:
 
 
 _object_reads = _ObjectReads()
+#: When git's upkeep runs in a repository this process writes (see `Upkeep`).
+upkeep = Upkeep()
+
+#: `git push` to a repository on this host runs receive-pack under `sh` with the repository's
+#: own config only (git clears GIT_CONFIG_* for a local transport): its `gc --auto` after every
+#: push is turned off on its command line instead, and `Upkeep` runs it every so often.
+_RECEIVE_PACK = "git -c receive.autogc=false receive-pack"
+
+
+def _command(args: Sequence[str]) -> str:
+    """The git command of `args` (`fetch` of `-c x=y fetch ...`)."""
+    i = 0
+    while i < len(args) and args[i] == "-c":
+        i += 2
+    return str(args[i]) if i < len(args) else ""
+
+
+def _local_path(url: str | None) -> Path | None:
+    """The repository a push to `url` writes on this host, or None for a remote one."""
+    if url is None:
+        return None
+    if url.startswith("/"):
+        return Path(url)
+    if url.startswith("file://"):
+        return Path(url.removeprefix("file://"))
+    return None
 
 
 class GitRunner:
@@ -294,6 +324,13 @@ class GitRunner:
         if extra_env:
             env.update(_append_config(env, extra_env))
         command = self.redact(str(args[0]) if args else "")
+        # Git's own upkeep after each fetch and push (`maintenance run --auto`, receive-pack's
+        # `gc --auto`) is left to `upkeep`, which runs it once per so many writes.
+        written: Path | None = None
+        if _command(args) == "fetch":
+            args, written = ["-c", "maintenance.auto=false", *args], Path(cwd)
+        elif args and args[0] == "push" and (written := _local_path(url)) is not None:
+            args = ["push", f"--receive-pack={_RECEIVE_PACK}", *args[1:]]
         try:
             done = subprocess.run(  # noqa: S603 - argv list, names checked before they get here
                 ["git", *args],  # noqa: S607 - git from PATH
@@ -319,7 +356,34 @@ class GitRunner:
             )
         if cacheable:
             _object_reads.put(key, done.stdout)
+        if written is not None and upkeep.due(written):
+            self.maintain(written)
         return done.stdout
+
+    def maintain(self, repo: Path) -> None:
+        """`git maintenance run --auto` in `repo`: what git runs after a fetch on its own (a
+        `gc --auto`: it packs loose objects only past `gc.auto`, 6,700 of them)."""
+        try:
+            self.run_bytes(["maintenance", "run", "--auto", "--quiet"], repo)
+        except GitFailed as exc:  # a repository left as it was; the next write tries again
+            log.warning("git maintenance in %s failed: %s", repo, exc.detail)
+
+    def ref_tips(self, cwd: Path, *refs: str) -> dict[str, str]:
+        """The commits full refs (`refs/heads/x`) point at, by ref; a ref that does not exist
+        is left out. One git for all of them, where a `rev-parse --verify` a ref took one
+        each (a step checks that its branch exists and reads its tip, and the base's)."""
+        listed = self.run(
+            ["for-each-ref", "--format=%(objectname) %(objecttype) %(refname)", *refs], cwd
+        )
+        tips: dict[str, str] = {}
+        for line in listed.splitlines():
+            sha, kind, name = line.split(" ", 2)
+            if name not in refs:  # a pattern also lists the refs below it: `x/...`
+                continue
+            if kind != "commit":  # an annotated tag under a branch's name: its commit
+                sha = self.run(["rev-parse", "--verify", f"{name}^{{commit}}"], cwd)
+            tips[name] = sha
+        return tips
 
     def ok(self, args: Sequence[str], cwd: Path) -> bool:
         try:

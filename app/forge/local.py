@@ -171,8 +171,8 @@ class LocalForge:
             row = repository.find_open_by_head(session, project.name, head)
             if row is not None:
                 return _to_pull_request(row, self._url(row.project, row.number))
-        head_sha = self._sha(bare, head)
-        base_sha = self._sha(bare, base)
+        tips = self.git.ref_tips(bare, f"refs/heads/{head}", f"refs/heads/{base}")
+        head_sha, base_sha = tips.get(f"refs/heads/{head}"), tips.get(f"refs/heads/{base}")
         if head_sha is None:
             raise InvalidRef(f"branch {head!r} is not on the forge; push it before opening a PR")
         if base_sha is None:

@@ -23,26 +23,12 @@ class Analyze(Step):
     TO_STATES = ("committing", "failed")
 
     def run(self, cycle_id: int) -> bool:
+        # One session: judging is a pure computation (no git, forge or subprocess).
         with self.stores.ops_session() as session:
             job = jobs.for_cycle(session, cycle_id)
             raw = dict(job.result or {}) if job else {}
             spec = dict(job.spec or {}) if job else {}
-        error: str | None = None
-        judged: dict[str, Any] = {}
-        if raw.get("status") != "ok":
-            error = "the experiment produced no result"
-            message = (raw.get("error") or {}) if isinstance(raw.get("error"), dict) else {}
-            if message.get("message"):
-                error += f": {message['message']}"
-        else:
-            try:
-                judged = judge(raw, spec)
-            except Unjudgeable as exc:
-                error = (
-                    f"the result cannot be judged: {exc.detail}; the control plane computes the "
-                    "verdict from the raw samples and never takes the experiment's own"
-                )
-        with self.stores.ops_session() as session:
+            error, judged = _judge(raw, spec)
             cycle = service.get(session, cycle_id)
             if error is not None:
                 repository.set_state(session, cycle, "failed", error=error)
@@ -51,3 +37,20 @@ class Analyze(Step):
             cycle.headline = headline(judged)
             repository.set_state(session, cycle, "committing")
         return True
+
+
+def _judge(raw: dict[str, Any], spec: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(why the result cannot be judged, or None; the judgement)."""
+    if raw.get("status") != "ok":
+        error = "the experiment produced no result"
+        message = (raw.get("error") or {}) if isinstance(raw.get("error"), dict) else {}
+        if message.get("message"):
+            error += f": {message['message']}"
+        return error, {}
+    try:
+        return None, judge(raw, spec)
+    except Unjudgeable as exc:
+        return (
+            f"the result cannot be judged: {exc.detail}; the control plane computes the "
+            "verdict from the raw samples and never takes the experiment's own"
+        ), {}

@@ -26,6 +26,7 @@ class Step:
 
     def __init__(self, stores: Stores, settings: Settings) -> None:
         self.stores, self.settings = stores, settings
+        self._git: GitWork | None = None
 
     def run(self, cycle_id: int) -> bool:
         raise NotImplementedError
@@ -38,17 +39,26 @@ class Step:
             repository.detach(session, cycle)
             return cycle, ref
 
-    def judged(self, cycle_id: int) -> dict[str, Any]:
-        """The control plane's judgement of the cycle's job result (`judge.py`: a pure
-        computation, so every step that asks gets the verdict the cycle holds)."""
+    def judged(self, cycle_id: int) -> tuple[Cycle, ProjectRef, str, dict[str, Any]]:
+        """What `detached` reads, the project's GPU kind and the control plane's judgement of
+        the cycle's job result (`judge.py`: a pure computation, so every step that asks gets
+        the verdict the cycle holds), in one short session."""
         with self.stores.ops_session() as session:
+            cycle = service.get(session, cycle_id)
+            project = service.project_of(session, cycle)
+            ref, gpu_kind = ProjectRef.of(project), project.gpu_kind
             job = jobs.for_cycle(session, cycle_id)
             assert job is not None
             raw, spec = dict(job.result or {}), dict(job.spec or {})
-        return judge(raw, spec)
+            repository.detach(session, cycle)
+        return cycle, ref, gpu_kind, judge(raw, spec)
 
     def git(self) -> GitWork:
-        return GitWork(self.settings)
+        """One GitWork for the step's run: it remembers the branch tip it read or wrote last,
+        so the step's later reads of it need no git."""
+        if self._git is None:
+            self._git = GitWork(self.settings)
+        return self._git
 
     def branch(self, cycle: Cycle, project: ProjectRef, forge: Forge) -> CycleBranch:
         """The cycle's branch in the project's mirror, made once and reused by every later step

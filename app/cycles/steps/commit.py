@@ -18,8 +18,7 @@ class Commit(Step):
 
     def run(self, cycle_id: int) -> bool:
         forge = forge_service.forge_for(self.settings, self.stores)
-        cycle, ref = self.detached(cycle_id)
-        result = self.judged(cycle_id)
+        cycle, ref, _, result = self.judged(cycle_id)
         branch = self.branch(cycle, ref, forge)
         sha = forge_service.commit_results(self.git(), branch, result, report_context(cycle, ref))
         with self.stores.ops_session() as session:

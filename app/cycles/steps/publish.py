@@ -16,7 +16,6 @@ from app.forge.base import ProjectRef
 from app.memory import service as memory
 from app.memory.exceptions import FindingExists
 from app.memory.schemas import Evidence, FindingCreate
-from app.projects import service as projects
 
 
 class Publish(Step):
@@ -25,9 +24,8 @@ class Publish(Step):
 
     def run(self, cycle_id: int) -> bool:
         forge = forge_service.forge_for(self.settings, self.stores)
-        cycle, ref = self.detached(cycle_id)
+        cycle, ref, gpu_kind, result = self.judged(cycle_id)
         branch = self.branch(cycle, ref, forge)
-        result = self.judged(cycle_id)
         try:
             where = links(cycle, ref, forge, self.settings.dashboard_base_url)
             pr = forge_service.publish(
@@ -41,17 +39,16 @@ class Publish(Step):
             )
         except Unavailable as exc:
             raise Transient(exc.detail) from exc
-        finding_ids = self._record_findings(cycle, ref, pr.url)
+        finding_ids = self._record_findings(cycle, ref, gpu_kind, pr.url)
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)
             cycle.pr_number, cycle.pr_url, cycle.finding_ids = pr.number, pr.url, finding_ids
             repository.set_state(session, cycle, "awaiting_review")
         return True
 
-    def _record_findings(self, cycle: Cycle, project: ProjectRef, pr_url: str) -> list[str]:
-        with self.stores.ops_session() as session:
-            device = projects.find_project_by_id(session, cycle.project_id)
-            device_kind = device.gpu_kind if device else "cpu"
+    def _record_findings(
+        self, cycle: Cycle, project: ProjectRef, device_kind: str, pr_url: str
+    ) -> list[str]:
         evidence = Evidence(
             cycle_id=str(cycle.id),
             commit=cycle.commit_sha,

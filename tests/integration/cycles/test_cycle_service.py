@@ -152,3 +152,44 @@ def test_a_step_refused_by_a_busy_sqlite_store_is_retried_not_failed(
         (step,) = service.steps(session, cycle_id)
         assert (step.name, step.status) == ("planned", "retry")
         assert "the store was busy" in (step.detail or "")
+
+
+def test_the_machine_records_each_step_in_one_session_between_steps(
+    stores: Stores, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that moved the cycle is recorded done in the session that begins the next one;
+    a step that waits is recorded waiting, and re-checked as the same attempt: the step rows
+    are as they were when each took its own session, and an advance opens one per step."""
+    from sqlalchemy import event
+
+    from app.cycles import repository
+    from app.cycles.machine import Machine
+    from app.cycles.steps.plan import Plan
+    from app.cycles.steps.prepare import Prepare
+
+    project(stores)
+    with stores.ops_session() as session:
+        cycle_id = service.create(session, service.Trigger(project="sched"))[0].id
+
+    def moves(self: Plan, cycle_id: int) -> bool:
+        with self.stores.ops_session() as session:
+            repository.set_state(session, service.get(session, cycle_id), "preparing")
+        return True
+
+    monkeypatch.setattr(Plan, "run", moves)
+    monkeypatch.setattr(Prepare, "run", lambda self, cycle_id: False)  # waits
+    checkouts: list[object] = []
+    listen = (stores.ops_engine, "checkout", lambda *args: checkouts.append(args))
+    event.listen(*listen)
+    try:
+        assert Machine(stores, settings).advance(cycle_id) == "preparing"
+    finally:
+        event.remove(*listen)
+    # begin plan; plan's own; end plan + begin prepare; end prepare (waiting)
+    assert len(checkouts) == 4
+    assert Machine(stores, settings).advance(cycle_id) == "preparing"  # still waiting
+    with stores.ops_session() as session:
+        steps = [(s.name, s.attempt, s.status) for s in service.steps(session, cycle_id)]
+        finished = [s.finished_at is not None for s in service.steps(session, cycle_id)]
+    assert steps == [("planned", 1, "done"), ("preparing", 1, "waiting")]
+    assert finished == [True, False]

@@ -316,3 +316,62 @@ def test_a_results_commit_refuses_a_bad_path_or_clash_and_moves_nothing(
         with pytest.raises(GitFailed):
             work.commit_files(br, files, "bad", allowed=RESULTS)
         assert work.tip(br) == tip
+
+
+def _packs(repo: Path) -> int:
+    counts = dict(line.split(": ") for line in git(repo, "count-objects", "-v").splitlines())
+    return int(counts["packs"])
+
+
+def test_git_upkeep_runs_once_per_so_many_writes_not_after_each(
+    work: GitWork, origin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A push no longer runs receive-pack's `gc --auto` (nor a fetch `maintenance --auto`):
+    `gitrunner.upkeep` runs it every few writes, so a repository is still kept packed."""
+    from app.forge import gitrunner
+    from app.forge.upkeep import Upkeep
+
+    monkeypatch.setattr(gitrunner, "upkeep", Upkeep(every=3, period_s=1e9))
+    # Each push keeps its pack, and two packs are one too many for `gc --auto`, which runs in
+    # the foreground here so that its result shows at once.
+    for key, value in (("transfer.unpackLimit", "1"), ("gc.autoPackLimit", "1")):
+        git(origin, "config", key, value)
+    git(origin, "config", "gc.autoDetach", "false")
+    br = work.start_branch("spectral", str(origin), "main", "c0ffee01", "upkeep")
+    packs = [_packs(origin)]
+    for n in range(3):  # pushes: writes 1 (the first: upkeep checks, 1 pack is fine), 2, 3
+        work.commit_files(br, {f"results/c0ffee01/{n}.json": b"%d\n" % n}, "r", allowed=RESULTS)
+        work.push(br, str(origin), allowed=RESULTS)
+        packs.append(_packs(origin))
+    assert packs == [0, 1, 2, 3]  # receive-pack left them: no `gc --auto` after a push
+    work.commit_files(br, {"results/c0ffee01/3.json": b"3\n"}, "r", allowed=RESULTS)
+    work.push(br, str(origin), allowed=RESULTS)  # write 4: upkeep's maintenance repacks
+    assert _packs(origin) == 1
+    assert git(origin, "rev-parse", br.branch) == work.tip(br)
+    git(origin, "fsck", "--no-progress")
+
+
+def test_a_step_reads_its_branch_tip_with_one_git(
+    work: GitWork, origin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later step's branch (its base recorded) costs one git, its tip none more, and a
+    commit moves the tip it remembers."""
+    first = work.start_branch("spectral", str(origin), "main", "c0ffee01", "tips")
+    sha = work.commit_files(first, {"results/c0ffee01/r.json": b"{}\n"}, "r", allowed=RESULTS)
+    calls: list[str] = []
+    real = GitRunner.run_bytes
+
+    def counted(self: GitRunner, args: list[str], *a: object, **k: object) -> bytes:
+        calls.append(args[0])
+        return real(self, args, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GitRunner, "run_bytes", counted)
+    later = GitWork(plain_settings(tmp_path))  # the next step's own
+    branch = later.start_branch(
+        "spectral", str(origin), "main", "c0ffee01", "tips", base_sha=first.base_sha
+    )
+    assert branch == first and later.tip(branch) == sha
+    assert calls == ["for-each-ref"]
+    files = {"results/c0ffee01/r.json": b"[]\n"}
+    moved = later.commit_files(branch, files, "again", allowed=RESULTS)
+    assert later.tip(branch) == moved == git(branch.mirror, "rev-parse", branch.branch) != sha
