@@ -114,7 +114,7 @@ class RunLoop(NextJob):
         finally:
             self._release_reservation()
             self.cleanup()
-            self.ready_exec_stub()  # the next doorbell's first job starts from it
+        self.ready_exec_stub()  # the next doorbell's first job starts from it (not on an error)
         return ran
 
     def ready_exec_stub(self) -> None:
@@ -357,7 +357,10 @@ class RunLoop(NextJob):
                     elif outcome.spare_missed:
                         log_file.write(f"[launch] started cold: {outcome.spare_missed}\n")
                     if outcome.launch == "stub":
-                        log_file.write("[launch] started cold by the worker's exec stub\n")
+                        log_file.write(
+                            f"[launch] started cold by the worker's exec stub, in cgroup "
+                            f"{outcome.cgroup or '?'}\n"
+                        )
                     log_file.write(outcome.stdout)
                     log_file.write(outcome.stderr)
             result = job_outcome(self.settings, ticket, outcome, error, beat.cancelled, log_path)
@@ -424,7 +427,6 @@ class RunLoop(NextJob):
                 # interpreter (else for the job first in line, else for one like this one);
                 # the exec stub the job may have used up is replaced for a later cold start.
                 reserved = self._reserve()
-                self.ready_exec_stub()
                 if self.spares is not None and self.settings.gpu_spare_interpreter:
                     after, hint = (
                         (reserved, self._launch_or(reserved, launch))
@@ -449,6 +451,7 @@ class RunLoop(NextJob):
                         )
                         if reserved is not None:
                             self._stage_next(reserved, hint)
+                self.ready_exec_stub()  # after the next job's own start is under way
             if kind in ("log", "progress"):
                 log_file.write(logs.event_line(event) + "\n")
                 log_file.flush()

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from workers.launcher.launch import LaunchError, killpg
 
 log = logging.getLogger(__name__)
 #: How long a launch waits for the stub to exec the job (it has its message already).
-EXEC_TIMEOUT_S = 30.0
+EXEC_TIMEOUT_S = 10.0
 
 #: What the stub runs (argv[1]: the write end of its status pipe). It restores the signals
 #: CPython ignores (as subprocess does for a child: an exec keeps ignored signals ignored),
@@ -141,27 +142,36 @@ class ExecStub:
         self, argv: Sequence[str], env: Mapping[str, str], cwd: Path
     ) -> subprocess.Popen[bytes] | None:
         """Make the stub exec `argv` in `cwd` with exactly `env`; returns its process, now the
-        job's (whose cgroup is `self.cgroup`), or None when the stub had died first (closed:
-        the caller starts the job another way). An exec that fails raises LaunchError."""
+        job's (whose cgroup is `self.cgroup`), or None when the stub had died first or is stuck
+        (it is killed: the caller starts the job another way). An exec that fails raises
+        LaunchError."""
         message = _message(argv, env, cwd)
         assert self.proc.stdin is not None
+        deadline = time.monotonic() + EXEC_TIMEOUT_S
+        stdin = self.proc.stdin.fileno()
         try:
+            os.set_blocking(stdin, False)  # a stopped stub must not hang the worker
             sent = 0
             while sent < len(message):  # (one write unless it is over the pipe's 64 KiB)
-                sent += os.write(self.proc.stdin.fileno(), message[sent:])
+                _, writable, _ = select.select([], [stdin], [], deadline - time.monotonic())
+                if not writable:
+                    raise TimeoutError
+                sent += os.write(stdin, message[sent:])
             self.proc.stdin.close()
-        except OSError:  # it is gone: never given the job
-            self.close()
+        except (OSError, ValueError):  # gone, or stuck (or the deadline passed): never given
+            self.close()  # the job; the caller starts it another way
             return None
         said = b""
         while True:
-            ready, _, _ = select.select([self._status], [], [], EXEC_TIMEOUT_S)
-            chunk = os.read(self._status, 256) if ready else b"?timeout"
+            left = max(deadline - time.monotonic(), 0.0)
+            ready, _, _ = select.select([self._status], [], [], left)
+            if not ready:  # stuck before its exec: killed, and the job starts another way
+                self.close()
+                return None
+            chunk = os.read(self._status, 256)
             if not chunk:
                 break
             said += chunk
-            if not ready:
-                break
         failed = said.lstrip(b"R")
         if failed:
             self.close()

@@ -80,6 +80,7 @@ class Outcome:
     launch: str = "cold"
     exited_at: float | None = None  # wall clock: when its leader's exit was seen
     spare_missed: str | None = None  # why a spare offered for this job could not run it
+    cgroup: str | None = None  # the name of the cgroup it ran in, if any
 
     @property
     def ok(self) -> bool:
@@ -183,6 +184,7 @@ def run_job(
             on_exit,
         )  # fmt: skip
         outcome.launch, outcome.spare_missed = staged.launch, staged.missed
+        outcome.cgroup = staged.cgroup.path.name if staged.cgroup is not None else None
         return outcome
     finally:
         staged.close()

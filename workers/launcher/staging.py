@@ -80,6 +80,10 @@ class Staged:
                 return proc
             self.cgroup = open_cgroup(self.job)  # the stub had died: the placed path
             self.started, self.started_wall = time.monotonic(), time.time()
+        if self.cgroup is None and self.job.cgroup is not None:
+            # A start again after one that failed (the stub taken, then refused): never
+            # without the job's cgroup.
+            self.cgroup = open_cgroup(self.job)
         try:
             self.proc = start(self.job, self.job.env(), self.cgroup)
         except OSError as exc:

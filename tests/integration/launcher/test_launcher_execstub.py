@@ -16,7 +16,7 @@ import pytest
 from app import sandbox
 from tests.integration.launcher.conftest import MakeJob
 from tests.support import alive, wait_for
-from workers.launcher import confine, execstub
+from workers.launcher import confine, execstub, staging
 from workers.launcher.launch import LaunchError
 from workers.launcher.runner import Limits, run_job
 
@@ -252,3 +252,36 @@ def test_a_job_the_stub_cannot_take_leaves_no_stub_behind(make_job: MakeJob) -> 
         run_job(job, limits=Limits(timeout_s=30))
     assert not alive(pid)
     assert not path.exists()
+
+
+def test_a_start_again_after_the_stub_refused_runs_in_the_jobs_cgroup(make_job: MakeJob) -> None:
+    """The worker starts a staged job again after a start that failed (a transient error): the
+    stub was used up by the first try, so the second must open the job's own cgroup, never run
+    the job without one."""
+    _waiting()
+    job = make_job(FIRST_LINE, cgroup=confine.job_cgroup_name(26))
+    away = job.cwd.with_name("wt-away")
+    staged = staging.stage(job)
+    assert staged.stub is not None and staged.cgroup is None
+    job.cwd.rename(away)  # the stub's chdir fails once
+    with pytest.raises(LaunchError):
+        staged.go()
+    away.rename(job.cwd)
+    out = run_job(job, staged=staged, limits=Limits(timeout_s=60))
+    assert out.ok and out.launch == "cold", out.stderr
+    for seen in (out.result["first"], out.result["child"]):
+        assert seen.strip().endswith(confine.job_cgroup_name(26)), seen
+
+
+def test_a_stuck_stub_is_killed_and_the_job_starts_placed(
+    make_job: MakeJob, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(execstub, "EXEC_TIMEOUT_S", 1.0)
+    stub = _waiting()
+    pid = stub.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # it never takes its job
+    job = make_job(FIRST_LINE, cgroup=confine.job_cgroup_name(27))
+    out = run_job(job, limits=Limits(timeout_s=60))
+    assert out.ok and out.launch == "cold", out.stderr
+    assert out.result["first"].strip().endswith(confine.job_cgroup_name(27))
+    assert not alive(pid)
