@@ -76,30 +76,51 @@ def venvs_root(settings: Settings) -> Path:
     return (settings.venv_root or settings.state_dir).absolute()
 
 
-def prepare_job(stores: Stores, settings: Settings, job_id: int, host: str | None = None) -> bool:
-    """Prepare the job on this host; True when it is ready here and still waits for a GPU."""
+#: How many of the jobs in line a preparer looks at when it prepares ahead: it takes the first
+#: one no other worker of this host is preparing.
+AHEAD_CANDIDATES = 8
+
+
+def prepare_job(
+    stores: Stores, settings: Settings, job_id: int, host: str | None = None, *, wait: bool = True
+) -> bool | None:
+    """Prepare the job on this host; True when it is ready here and still waits for a GPU.
+    With `wait=False`, None (and nothing done) when another worker of this host is preparing
+    it now."""
     host = host or socket.gethostname()
     folder = paths.job_dir(settings, job_id)
     folder.mkdir(parents=True, exist_ok=True)
     # Workers of this host share the state dir: one prepares, the others find it claimed.
     with open(folder / "prepare.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
         return _prepare_locked(stores, settings, job_id, host)
 
 
 def prepare_ahead(stores: Stores, settings: Settings, queue: str, *, want: int) -> int:
     """Prepare queued jobs of `queue` on this host until `want` wait ready here (or none is
-    left to prepare); returns how many became ready now."""
+    left to prepare); returns how many became ready now.
+
+    Each GPU worker of a host prepares ahead, kicked at each job's start: they take different
+    jobs in line rather than queueing on the first one's lock (one each after the other would
+    find it prepared, a few DB round trips each, times the host's GPUs, per job: issue 18's
+    fleet profile); a job another worker is preparing is left to it."""
     host = socket.gethostname()
     made = 0
     while True:
         with stores.ops_session() as session:
             if preparation.ready_on(session, queue, host) >= want:
                 return made
-            todo = preparation.needs_preparation(session, queue, host, limit=1)
-        if not todo:
+            todo = preparation.needs_preparation(session, queue, host, limit=AHEAD_CANDIDATES)
+        for job_id in todo:
+            done = prepare_job(stores, settings, job_id, host, wait=False)
+            if done is not None:
+                made += done
+                break
+        else:  # none left, or each is being prepared by another worker of this host
             return made
-        made += prepare_job(stores, settings, todo[0], host)
 
 
 @dataclass(frozen=True)
