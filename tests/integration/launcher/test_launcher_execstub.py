@@ -112,12 +112,21 @@ def test_the_stub_restores_the_signals_python_ignores(tmp_path: Path) -> None:
     stub.cgroup.remove()
 
 
-def test_a_failed_exec_is_a_launch_error_and_leaves_nothing(make_job: MakeJob) -> None:
+@pytest.mark.parametrize(
+    ("cwd", "refusal"),
+    [
+        (Path("/nonexistent/wt"), "No such file or directory"),  # the exec fails in the stub
+        (Path("/tmp/a\0b"), "NUL"),  # the worker refuses it before the stub sees it
+    ],
+)
+def test_a_refused_launch_is_a_launch_error_and_leaves_nothing(
+    make_job: MakeJob, cwd: Path, refusal: str
+) -> None:
     stub = _waiting()
     assert stub.cgroup is not None
     pid, path = stub.proc.pid, stub.cgroup.path
-    job = make_job("pass\n", cgroup=confine.job_cgroup_name(23), cwd=Path("/nonexistent/wt"))
-    with pytest.raises(LaunchError, match="No such file or directory"):
+    job = make_job("pass\n", cgroup=confine.job_cgroup_name(23), cwd=cwd)
+    with pytest.raises(LaunchError, match=refusal):
         run_job(job, limits=Limits(timeout_s=30))
     assert not alive(pid)
     assert not path.exists()
@@ -241,17 +250,6 @@ def test_a_relative_cwd_means_what_it_means_to_popen(
     assert out.decode().strip() == str(tmp_path / "wt")
     assert stub.cgroup is not None
     stub.cgroup.remove()
-
-
-def test_a_job_the_stub_cannot_take_leaves_no_stub_behind(make_job: MakeJob) -> None:
-    stub = _waiting()
-    assert stub.cgroup is not None
-    pid, path = stub.proc.pid, stub.cgroup.path
-    job = make_job("pass\n", cgroup=confine.job_cgroup_name(26), cwd=Path("/tmp/a\0b"))
-    with pytest.raises(LaunchError, match="NUL"):
-        run_job(job, limits=Limits(timeout_s=30))
-    assert not alive(pid)
-    assert not path.exists()
 
 
 def test_a_start_again_after_the_stub_refused_runs_in_the_jobs_cgroup(make_job: MakeJob) -> None:
