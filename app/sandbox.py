@@ -77,15 +77,31 @@ def allow_env(source: Mapping[str, str], names: Iterable[str]) -> dict[str, str]
     return {name: source[name] for name in names if name in source}
 
 
-def system_read_only() -> list[Path]:
+@functools.cache
+def system_read_only() -> tuple[Path, ...]:
     """What every sandbox may read: the OS, a minimal /etc and the interpreter's base install
-    (a venv's python needs it)."""
+    (a venv's python needs it). Looked up once a process: a GPU worker builds a sandbox for
+    every job and preflight, and these paths do not come and go under it."""
     paths = [Path("/", name) for name in _ROOT] + [Path("/etc", name) for name in _ETC]
     # Both spellings: a venv's python may link through a symlinked prefix (pyenv's 3.11 -> 3.11.7).
     for base in dict.fromkeys((Path(sys.base_prefix), Path(sys.base_prefix).resolve())):
         if not base.is_relative_to("/usr"):
             paths.append(base)
-    return [p for p in paths if p.exists() or p.is_symlink()]
+    return tuple(p for p in paths if p.exists() or p.is_symlink())
+
+
+@functools.cache
+def _system_mounts() -> tuple[tuple[str, ...], tuple[Path, ...]]:
+    """bwrap's `--symlink` options for the merged-/usr links at the root, and the rest of
+    `system_read_only` to bind read-only."""
+    links: list[str] = []
+    binds: list[Path] = []
+    for path in system_read_only():
+        if path.is_symlink() and path.parent == Path("/"):
+            links += ["--symlink", os.readlink(path), str(path)]  # merged /usr: /bin -> usr/bin
+        else:
+            binds.append(path)
+    return tuple(links), tuple(binds)
 
 
 def command(argv: Sequence[str], policy: Policy, *, env_fd: int | None = None) -> list[str]:
@@ -99,12 +115,9 @@ def command(argv: Sequence[str], policy: Policy, *, env_fd: int | None = None) -
     if not policy.network:
         args.append("--unshare-net")
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
-    binds: list[tuple[str, Path]] = []
-    for path in system_read_only():
-        if path.is_symlink() and path.parent == Path("/"):
-            args += ["--symlink", os.readlink(path), str(path)]  # merged /usr: /bin -> usr/bin
-        else:
-            binds.append(("--ro-bind-try", path))
+    links, system = _system_mounts()
+    args += links
+    binds: list[tuple[str, Path]] = [("--ro-bind-try", path) for path in system]
     binds += [("--ro-bind-try", p) for p in policy.read_only]
     binds += [("--bind", p) for p in policy.writable]
     # Parents before children, so a read-only subdir of a writable dir stays read-only.

@@ -62,6 +62,12 @@ class Forge(Protocol):
         forge (GitHub)."""
         ...
 
+    def place_branch(self, project: ProjectRef, branch: str, sha: str) -> bool:
+        """Create `branch` at a commit the forge already holds (a sweep's candidate is its base),
+        without a push: True when done, False where a push is needed instead (the commit is not
+        there, the branch exists, or the forge has no such shortcut)."""
+        ...
+
     def file_url(self, project: ProjectRef, sha: str, path: str) -> str | None:
         """A web page of the file at `path` in commit `sha` that people can open, or None
         where the forge has no web view of files (the local forge: the dashboard shows them)."""

@@ -187,18 +187,25 @@ class GitWork:
 
         Called again after a crash, it returns the same branch with the base it started from
         (the merge base with the remote's base), so a base that moved since is not picked up.
-        A caller that knows that base (`base_sha`, recorded on the cycle) gets the branch
-        without a fetch when the mirror holds it: the later steps of a cycle touch no remote.
+        A caller that knows that base (`base_sha`, recorded on the cycle by its plan) gets the
+        branch without a fetch when the mirror holds that commit: made there if it is not yet,
+        so the steps after the plan's fetch touch no remote to start it.
         """
         check_branch_name(base)
         branch = branch_name(project, cycle_id, slug)
         ref, remote_base = f"refs/heads/{branch}", f"{REMOTE_PREFIX}{base}"
         if base_sha is not None:
             mirror = self.mirror_path(project)
-            if (mirror / "HEAD").exists() and (tip := self.git.ref_tips(mirror, ref).get(ref)):
-                return self._at(
-                    CycleBranch(project, branch, base, check_sha(base_sha), mirror), tip
-                )
+            if (mirror / "HEAD").exists():
+                known = CycleBranch(project, branch, base, check_sha(base_sha), mirror)
+                if tip := self.git.ref_tips(mirror, ref).get(ref):
+                    return self._at(known, tip)
+                try:  # made at the recorded base where the mirror holds it (`""`: if absent)
+                    with repo_lock(mirror):
+                        self.git.run(["update-ref", ref, base_sha, ""], mirror)
+                    return self._at(known, base_sha)
+                except GitFailed:
+                    pass  # not fetched here yet, or made meanwhile: as below
         mirror = self.fetch(project, url)
         with repo_lock(mirror):
             tips = self.git.ref_tips(mirror, remote_base, ref)

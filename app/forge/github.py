@@ -246,6 +246,9 @@ class GitHubForge:
     def sync_base(self, project: ProjectRef) -> None:
         return None  # the project's repository is the forge: nothing to copy
 
+    def place_branch(self, project: ProjectRef, branch: str, sha: str) -> bool:
+        return False  # a push it is: the branch's commits travel with it
+
     def file_url(self, project: ProjectRef, sha: str, path: str) -> str:
         """`<repository page>/blob/<sha>/<path>`: the file as committed, whatever moves later.
         The repository page is the API's `html_url` (GitHub Enterprise included), so no token

@@ -35,6 +35,7 @@ from app.forge.gitrunner import (
     single_flight,
 )
 from app.forge.models import PullRequestComment, PullRequestRecord
+from app.forge.refs import check_sha
 from app.projects import schemas as ops_schemas
 from app.settings import Settings
 
@@ -143,6 +144,20 @@ class LocalForge:
                     log.info("forge base of %s is ahead of its repository: kept", project.name)
                     return
                 raise fetch_failure(exc, project.repo_url) from None
+
+    def place_branch(self, project: ProjectRef, branch: str, sha: str) -> bool:
+        """One `update-ref` in the bare repository instead of a push (a dozen processes with
+        what it spawns): `""` as the old value makes it only where the branch does not exist,
+        and git refuses a commit the repository does not hold."""
+        check_branch_name(branch)
+        check_sha(sha)
+        try:
+            self.git.run(
+                ["update-ref", f"refs/heads/{branch}", sha, ""], Path(self.remote_url(project))
+            )
+        except GitFailed:
+            return False
+        return True
 
     def _sha(self, bare: Path, branch: str) -> str | None:
         try:

@@ -46,7 +46,7 @@ class Plan(Step):
             return True
         forge = forge_service.forge_for(self.settings, self.stores)
         try:
-            _, config = forge_service.config_at_base(self.git(), forge, ref)
+            base_sha, config = forge_service.config_at_base(self.git(), forge, ref)
         except FetchFailed as exc:
             raise Transient(exc.detail) from exc
         over = self._over_token_budget(cycle_id, config)
@@ -72,7 +72,7 @@ class Plan(Step):
                 )
             else:
                 context = agent_context.build_context(self.stores, project, config, cycle_id)
-                agent = self._agent(cycle_id, kind, config)
+                agent = self._agent(cycle_id, kind, config, base_sha)
                 try:
                     found = agent.propose(context)
                 except Exception:
@@ -108,6 +108,9 @@ class Plan(Step):
                         ),
                     )
                 else:
+                    # The commit the config was read at and the agent worked on: the cycle's
+                    # base from here on (prepare makes its branch there without a fetch).
+                    cycle.base_sha = base_sha
                     repository.set_state(session, cycle, "preparing")
         return True
 
@@ -146,10 +149,13 @@ class Plan(Step):
             cycle.agent_exchange = exchange or None
             cycle.agent_tokens = tokens
 
-    def _agent(self, cycle_id: int, name: str, config: ProjectConfig) -> agents.Agent:
+    def _agent(
+        self, cycle_id: int, name: str, config: ProjectConfig, base_sha: str
+    ) -> agents.Agent:
         if name not in ("command", "llm"):
             return agents.for_name(name)
         cycle, ref = self.detached(cycle_id)
+        cycle.base_sha = base_sha  # detached: the agent's branch starts where the config was read
         forge = forge_service.forge_for(self.settings, self.stores)
         git = self.git()
         branch = self.branch(cycle, ref, forge)

@@ -25,8 +25,11 @@ class Prepare(Step):
         try:
             branch = self.branch(cycle, ref, forge)
             # Code travels as a commit: the branch's tip (the agent's commits, taken and checked
-            # in the plan step, or the base) is pushed before any host fetches it.
-            head = git.push(branch, forge.remote_url(ref))
+            # in the plan step, or the base) is on the forge before any host fetches it. The
+            # base alone (a sweep's point) is there already: the forge just names it, if it can.
+            head = git.tip(branch)
+            if head != branch.base_sha or not forge.place_branch(ref, branch.branch, head):
+                head = git.push(branch, forge.remote_url(ref))
         except (Unavailable, OSError) as exc:
             raise Transient(str(exc)) from exc
         config = forge_service.config_at_commit(git, ref.name, head, branch.branch)

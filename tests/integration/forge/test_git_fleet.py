@@ -36,13 +36,20 @@ def test_a_known_base_reuses_the_branch_without_touching_the_remote(
         "spectral", str(gone), "main", "c0ffee01", "sweep", base_sha=br.base_sha
     )
     assert again == br
-    # A mirror without the branch (a fresh control host) still makes it from the remote.
+    # A branch not made yet, at a base the mirror holds (the plan's fetch brought it): made
+    # there, still without the remote.
     other = work.start_branch(
-        "spectral", str(origin), "main", "c0ffee02", "sweep", base_sha=br.base_sha
+        "spectral", str(gone), "main", "c0ffee02", "sweep", base_sha=br.base_sha
     )
-    assert other.branch != br.branch and work.tip(other) == git(origin, "rev-parse", "main")
+    assert other.branch != br.branch and other.base_sha == br.base_sha
+    assert work.tip(other) == git(other.mirror, "rev-parse", other.ref) == br.base_sha
+    # A base the mirror does not hold yet (a fresh control host) is fetched: from a remote
+    # that is gone that fails, from the remote it makes the branch at the remote's base.
+    moved = commit_to(origin, tmp_path, "main", "NEWS.md", "moved\n")
     with pytest.raises(Exception, match="cannot fetch"):
-        work.start_branch("spectral", str(gone), "main", "c0ffee03", "sweep", base_sha=br.base_sha)
+        work.start_branch("spectral", str(gone), "main", "c0ffee03", "sweep", base_sha=moved)
+    third = work.start_branch("spectral", str(origin), "main", "c0ffee03", "sweep", base_sha=moved)
+    assert third.base_sha == moved and work.tip(third) == moved
 
 
 def test_a_fetch_sees_commits_pushed_before_it_was_asked(
