@@ -166,7 +166,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         progress = _venv_progress(stores, settings, job_id, host)
         env = venv_for_job(settings, source.project, requirements(cfg), progress)
         if experiment.kind == "harness":
-            _guard(settings, job_id, cfg, tree, env, source.experiment)
+            _guard(settings, job_id, cfg, tree, env, source)
         if experiment.kind == "command" or source.head_vs_base:
             # Two arms: the base commit's tree beside the head's (the cycle changed code, or a
             # command experiment, which is always judged arm against arm).
@@ -220,10 +220,11 @@ def _guard(
     cfg: project_config.ProjectConfig,
     tree: Path,
     env: venv.Venv,
-    name: str,
+    source: _Source,
 ) -> None:
-    """The preflight guard of a harness job, in the job's sandbox; PreparationError if it fails."""
-    experiment = cfg.experiment(name)
+    """The preflight guard of a harness job, in the job's sandbox; PreparationError if it fails.
+    A pass is kept per venv, environment and commit: the next job of a sweep skips the probe."""
+    experiment = cfg.experiment(source.experiment)
     job_env = guard_env(settings, env, tree)
     report = guard.run_guard(
         env.path,
@@ -241,6 +242,7 @@ def _guard(
         if settings.sandbox == "on"
         else None,
         cgroup=f"guard-{job_id}",
+        worktree_commit=source.head_sha,  # None for a job without one: its tree's path counts
     )
     if not report.ok:
         raise PreparationError(report.render())

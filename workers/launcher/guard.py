@@ -117,10 +117,21 @@ def fingerprint(
     modules: Sequence[str],
     requirements_hash: str | None,
     sandboxed: bool = False,
+    worktree: Path | None = None,
+    worktree_commit: str | None = None,
 ) -> str:
-    """What a passing result depends on: the venv's identity, the job's env, cwd and modules."""
+    """What a passing result depends on: the venv's identity, the job's env, cwd and modules.
+
+    With `worktree_commit` (the commit `worktree` is a clean export of), the worktree counts by
+    that commit rather than by its path: each job exports to a folder of its own, and without
+    this no two jobs of a sweep (one commit, many points) would share a pass."""
     root = Path(os.path.abspath(venv))
+    if worktree is not None and worktree_commit is not None:
+        where = os.path.abspath(worktree)
+        env = {k: v.replace(where, "<worktree>") for k, v in env.items()}
+        cwd = Path(os.path.abspath(cwd).replace(where, "<worktree>"))
     parts: dict[str, Any] = {
+        "worktree_commit": worktree_commit,
         "v": GUARD_VERSION,
         "venv": str(root),
         "python": str(python),
@@ -156,6 +167,7 @@ def run_guard(
     timeout_s: float = 120.0,
     policy: sandbox.Policy | None = None,
     cgroup: str = "guard",
+    worktree_commit: str | None = None,
 ) -> GuardReport:
     """Check that `python` (default: the venv's non-resolved interpreter) is the venv.
 
@@ -164,7 +176,8 @@ def run_guard(
     running its top level; `modules` (its declared imports) are imported. Each must come
     from inside the venv, the base install's stdlib (or its site-packages when the venv
     includes system site packages), or the worktree. With `cache_dir`, a pass is
-    stored by fingerprint and a second call with the same inputs runs no interpreter. With
+    stored by fingerprint and a second call with the same inputs runs no interpreter (the
+    worktree counts by `worktree_commit` where given: a clean export of it). With
     `policy` (the job's sandbox), the probe runs in it, in the cgroup `cgroup`: importing the
     declared modules runs the project's code.
     """
@@ -189,6 +202,8 @@ def run_guard(
         modules=[f"entry:{entry}", *modules] if entry else modules,
         requirements_hash=requirements_hash,
         sandboxed=policy is not None,
+        worktree=worktree,
+        worktree_commit=worktree_commit,
     )
     report.fingerprint = fp
     if cache_dir is not None:

@@ -222,3 +222,33 @@ def test_packages_inherited_from_a_parent_venv_count_as_system_site(
     )
     assert report.ok, report.render()
     assert not venv_mod.inherited_site_dirs(tmp_path)  # a folder without the link: none
+
+
+def test_exports_of_one_commit_share_a_pass(venv: Venv, tmp_path: Path) -> None:
+    """Each job exports its commit to a folder of its own: a sweep's jobs (one commit, many
+    points) share the pass, a job of another commit or without one runs the probe."""
+    cache = tmp_path / "cache"
+    trees = [tmp_path / "jobs" / str(n) / "src" for n in (1, 2, 3, 4)]
+    for tree in trees:
+        tree.mkdir(parents=True)
+        (tree / "exp_entry.py").write_text("WHERE = 'worktree'\n")
+
+    def check(tree: Path, commit: str | None) -> guard.GuardReport:
+        report = guard.run_guard(
+            venv.path,
+            env=_job_env(venv.path, tmp_path, tree),
+            cwd=tree,
+            modules=["exp_entry"],
+            worktree=tree,
+            cache_dir=cache,
+            worktree_commit=commit,
+        )
+        assert report.ok, report.render()
+        return report
+
+    first = check(trees[0], "a" * 40)
+    assert not first.cached and first.modules["exp_entry"] == [str(trees[0] / "exp_entry.py")]
+    assert check(trees[1], "a" * 40).cached  # the same commit elsewhere
+    assert not check(trees[2], "b" * 40).cached  # another commit
+    assert not check(trees[3], None).cached  # no commit: the folder counts
+    assert check(trees[3], None).cached
