@@ -22,7 +22,6 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import broker, db
-from app.clock import utcnow
 from app.cycles import repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.models import CycleStep
@@ -126,10 +125,7 @@ class Machine:
 
     @staticmethod
     def _record_end(session: Session, step: CycleStep, status: str, detail: str | None) -> None:
-        row = repository.get_step(session, step.id)
-        if row is not None:
-            row.status, row.detail = status, redact_text(detail) if detail else None
-            row.finished_at = utcnow() if status != "waiting" else None
+        repository.end_step(session, step.id, status, redact_text(detail) if detail else None)
 
     def _fail(self, cycle_id: int, message: str) -> None:
         with self.stores.ops_session() as session:

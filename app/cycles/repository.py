@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, insert, inspect, select
+from sqlalchemy import Select, bindparam, func, insert, inspect, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from app.clock import utcnow
@@ -231,8 +231,22 @@ def step_attempts(session: Session, cycle_id: int, name: str) -> Sequence[CycleS
     ).all()
 
 
-def get_step(session: Session, step_id: int) -> CycleStep | None:
-    return session.get(CycleStep, step_id)
+def end_step(session: Session, step_id: int, status: str, detail: str | None) -> None:
+    """Record how an attempt ended, in one UPDATE (no read first: the machine ends every step
+    of every cycle). A `waiting` attempt has not finished."""
+    finished = utcnow() if status != "waiting" else None
+    session.execute(
+        _END_STEP, {"step_id": step_id, "status": status, "detail": detail, "finished": finished}
+    )
+
+
+_END_STEP = (
+    update(CycleStep.__table__)  # type: ignore[arg-type]
+    .where(CycleStep.__table__.c.id == bindparam("step_id"))
+    .values(
+        status=bindparam("status"), detail=bindparam("detail"), finished_at=bindparam("finished")
+    )
+)
 
 
 def add_step(session: Session, step: CycleStep, *, detached: bool = False) -> CycleStep:
