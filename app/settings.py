@@ -172,6 +172,12 @@ class Settings(BaseSettings):
         le=64,
         description="Jobs a GPU host keeps prepared (export, venv, guard) while its GPU runs one.",
     )
+    job_tree_keep_s: float = Field(
+        default=24 * 3600,
+        ge=0,
+        description="How long a GPU host keeps a finished job's exported trees (src, base and "
+        "what setup wrote in them) before its worker removes them; logs and results stay.",
+    )
     reaper_interval_s: float = Field(default=10.0, gt=0)
     schedule_tick_s: float = Field(
         default=60.0, gt=0, description="How often beat checks schedules."

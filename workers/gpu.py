@@ -27,7 +27,7 @@ from app.jobs import logs, paths, preparation, reservations
 from app.jobs import service as jobs
 from app.projects import config as project_config
 from app.settings import Settings, redact_text
-from workers import command_runs, control_client, prepare
+from workers import command_runs, control_client, job_trees, prepare
 from workers.heartbeat import Heartbeat
 from workers.launcher import confine, execstub, runner, runtime, staging
 from workers.launcher.launch import LaunchError
@@ -107,7 +107,7 @@ class RunLoop(NextJob):
                     # never holds a finished job's lease past its TTL.
                     batch, self.pending_cleanup = self.pending_cleanup, []
                     threading.Thread(
-                        target=release_all, args=(batch,), name="runtime-cleanup", daemon=True
+                        target=self._clean, args=(batch,), name="runtime-cleanup", daemon=True
                     ).start()
                 done = (ticket, self.run_one(ticket))
                 ran += 1
@@ -287,7 +287,12 @@ class RunLoop(NextJob):
     def cleanup(self) -> None:
         self._run_after_start()
         batch, self.pending_cleanup = self.pending_cleanup, []
+        self._clean(batch)
+
+    def _clean(self, batch: list[runtime.RuntimeDir]) -> None:
+        """Finished jobs' runtime dirs, and (every few minutes) their exported trees."""
         release_all(batch)
+        job_trees.sweep_if_due(self.stores, self.settings)
 
     def run_one(self, ticket: Ticket, settle: Settle | None = None) -> jobs.JobOutcome:
         """Run one leased (or reserved) job; returns its outcome for `_settle_and_lease` to
