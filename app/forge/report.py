@@ -8,22 +8,17 @@ matplotlib is imported lazily with the Agg backend: only the commit step pays fo
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.errors import InvalidInput
-from app.forge import report_command
-from app.forge.report_format import TITLE_Y, render_svg
+from app.forge import report_command, svg_chart
 from app.forge.report_format import cell as _cell
 from app.forge.report_format import number as _num
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
 
 RESULTS_DIR = "results"
 _CYCLE_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -365,51 +360,38 @@ def _sweep(result: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
 
 
 def render_plot(result: Mapping[str, Any]) -> str:
-    """An SVG of the paired samples (variant vs baseline time) and the sweep, if present; a
-    command experiment's runs and per-block ratios (`report_command.render_plot`)."""
+    """An SVG of the paired samples (variant vs baseline time) and the sweep, if present
+    (`svg_chart`, written directly: every cycle's commit step makes one); a command
+    experiment's runs and per-block ratios (`report_command.render_plot`, matplotlib)."""
     if report_command.is_command(result):
         return report_command.render_plot(result)
     paired = [(str(r.get("variant")), s) for r in comparisons(result) if (s := _samples(r))]
     sweep = _sweep(result)
-    panels = int(bool(paired)) + int(bool(sweep))
-
-    def draw(axes: Sequence[Axes]) -> None:
-        index = 0
-        if paired:
-            ax = axes[index]
-            index += 1
-            scale, unit = _time_unit([v for _, (a, _b) in paired for v in a])
-            low, high = math.inf, 0.0
-            for name, (a, b) in paired:
-                xs = [v / scale for v in a]
-                ys = [v / scale for v in b]
-                ax.scatter(xs, ys, s=12, alpha=0.7, label=name)
-                low, high = min(low, *xs, *ys), max(high, *xs, *ys)
-            ax.plot(
-                [low, high],
-                [low, high],
-                color="grey",
-                linestyle="--",
-                linewidth=1,
-                label="equal time",
+    panels: list[svg_chart.Panel] = []
+    if paired:
+        scale, unit = _time_unit([v for _, (a, _b) in paired for v in a])
+        series = [
+            svg_chart.Series(name, [(x / scale, y / scale) for x, y in zip(a, b, strict=True)])
+            for name, (a, b) in paired
+        ]
+        values = [v for s in series for point in s.points for v in point]
+        low, high = min(values), max(values)
+        series.append(svg_chart.Series("equal time", [(low, low), (high, high)], "dashed"))
+        panels.append(
+            svg_chart.Panel(
+                "Paired samples (below the line: variant faster)",
+                f"baseline time per call ({unit})",
+                f"variant time per call ({unit})",
+                series,
             )
-            ax.set_xlabel(f"baseline time per call ({unit})")
-            ax.set_ylabel(f"variant time per call ({unit})")
-            ax.set_title("Paired samples (below the line: variant faster)", y=TITLE_Y)
-            ax.legend(loc="best", fontsize="small")
-        if sweep:
-            ax = axes[index]
-            for name, pts in sweep.items():
-                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=name)
-            ax.set_xlabel("threads (count)")
-            ax.set_ylabel("throughput (calls/s)")
-            ax.set_title("Thread sweep", y=TITLE_Y)
-            ax.legend(loc="best", fontsize="small")
-        if not panels:
-            ax = axes[0]
-            ax.text(
-                0.5, 0.5, "result.json has no samples or sweep to plot", ha="center", va="center"
+        )
+    if sweep:
+        panels.append(
+            svg_chart.Panel(
+                "Thread sweep",
+                "threads (count)",
+                "throughput (calls/s)",
+                [svg_chart.Series(name, pts, "line") for name, pts in sweep.items()],
             )
-            ax.set_axis_off()
-
-    return render_svg(panels, draw)
+        )
+    return svg_chart.render(panels, empty="result.json has no samples or sweep to plot")
