@@ -16,12 +16,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import select
-
 from app.clock import utcnow
 from app.db import Stores
 from app.jobs import paths
-from app.jobs.models import FINISHED, Job
+from app.jobs import service as jobs
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,14 +64,7 @@ def sweep(stores: Stores, settings: Settings) -> int:
         return 0
     before = utcnow() - timedelta(seconds=settings.job_tree_keep_s)
     with stores.ops_session() as session:
-        done = session.scalars(
-            select(Job.id).where(
-                Job.id.in_(sorted(with_trees)),
-                Job.state.in_(FINISHED),
-                Job.finished_at.is_not(None),
-                Job.finished_at <= before,
-            )
-        ).all()
+        done = jobs.finished_before(session, sorted(with_trees), before)
     for job_id in done:
         for tree in _TREES:
             _remove(with_trees[job_id] / tree)

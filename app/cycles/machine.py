@@ -95,9 +95,12 @@ class Machine:
         with self.stores.ops_session() as session:
             if done is not None:
                 self._record_end(session, done, "done", None)
-            state = service.get(session, cycle_id).state
+            state = repository.state_of(session, cycle_id)
+            if state is None:
+                service.get(session, cycle_id)  # raises CycleNotFound, naming the cycle
+                raise AssertionError("unreachable")  # pragma: no cover
             step = BY_STATE.get(state)
-            return state, step, self._begin(session, cycle_id, state) if step else None
+            return state, step, repository.begin_step(session, cycle_id, state) if step else None
 
     @contextlib.contextmanager
     def _lock(self, cycle_id: int) -> Iterator[None]:
@@ -108,16 +111,6 @@ class Machine:
         with open(folder / f"{cycle_id}.lock", "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
-
-    @staticmethod
-    def _begin(session: Session, cycle_id: int, name: str) -> CycleStep:
-        previous = repository.step_attempts(session, cycle_id, name)
-        waiting = next((s for s in previous if s.status == "waiting"), None)
-        if waiting is not None:  # a wait re-checked is the same attempt, not a new one
-            waiting.status = "started"
-            return waiting
-        row = CycleStep(cycle_id=cycle_id, name=name, attempt=len(previous) + 1)
-        return repository.add_step(session, row, detached=True)
 
     def _end(self, step: CycleStep, status: str, detail: str | None) -> None:
         with self.stores.ops_session() as session:

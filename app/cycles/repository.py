@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, insert, inspect, select, update
+from sqlalchemy import Select, Table, bindparam, func, insert, inspect, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from app.clock import utcnow
@@ -231,6 +231,33 @@ def step_attempts(session: Session, cycle_id: int, name: str) -> Sequence[CycleS
     ).all()
 
 
+def state_of(session: Session, cycle_id: int) -> str | None:
+    """The cycle's state alone (one column, no object: the machine reads it before each step)."""
+    return session.execute(_STATE, {"cycle_id": cycle_id}).scalar_one_or_none()
+
+
+def begin_step(session: Session, cycle_id: int, name: str) -> CycleStep:
+    """The attempt at step `name` that begins now, as a value (not in the session): a waiting
+    attempt re-checked is the same attempt, started again; else a new one numbered after the
+    earlier ones. Core statements, as `end_step`: the machine begins every step of every
+    cycle."""
+    rows = session.execute(_ATTEMPTS, {"cycle_id": cycle_id, "name": name}).all()
+    waiting = next((row for row in rows if row.status == "waiting"), None)
+    if waiting is not None:
+        session.execute(_RESTART_STEP, {"step_id": waiting.id})
+        return CycleStep(
+            id=waiting.id, cycle_id=cycle_id, name=name, attempt=waiting.attempt, status="started"
+        )
+    step = CycleStep(
+        cycle_id=cycle_id, name=name, attempt=len(rows) + 1, status="started", started_at=utcnow()
+    )
+    values = {c: getattr(step, c) for c in ("cycle_id", "name", "attempt", "status", "started_at")}
+    key = session.connection().execute(_INSERT_STEP, values).inserted_primary_key
+    assert key is not None  # an INSERT of one row always has it
+    step.id = int(key[0])
+    return step
+
+
 def end_step(session: Session, step_id: int, status: str, detail: str | None) -> None:
     """Record how an attempt ended, in one UPDATE (no read first: the machine ends every step
     of every cycle). A `waiting` attempt has not finished."""
@@ -240,9 +267,16 @@ def end_step(session: Session, step_id: int, status: str, detail: str | None) ->
     )
 
 
+_STEPS: Table = CycleStep.__table__  # type: ignore[assignment]
+_STATE = select(Cycle.__table__.c.state).where(Cycle.__table__.c.id == bindparam("cycle_id"))
+_ATTEMPTS = select(_STEPS.c.id, _STEPS.c.attempt, _STEPS.c.status).where(
+    _STEPS.c.cycle_id == bindparam("cycle_id"), _STEPS.c.name == bindparam("name")
+)
+_INSERT_STEP = insert(_STEPS)
+_RESTART_STEP = update(_STEPS).where(_STEPS.c.id == bindparam("step_id")).values(status="started")
 _END_STEP = (
-    update(CycleStep.__table__)  # type: ignore[arg-type]
-    .where(CycleStep.__table__.c.id == bindparam("step_id"))
+    update(_STEPS)
+    .where(_STEPS.c.id == bindparam("step_id"))
     .values(
         status=bindparam("status"), detail=bindparam("detail"), finished_at=bindparam("finished")
     )

@@ -342,6 +342,18 @@ def recent_finished(session: Session, queue: str, since: datetime) -> Sequence[J
     ).all()
 
 
+def finished_before(session: Session, ids: Sequence[int], before: datetime) -> Sequence[int]:
+    """Those of `ids` whose job finished (nothing more will happen to it) at or before `before`."""
+    return session.scalars(
+        select(Job.id).where(
+            Job.id.in_(ids),
+            Job.state.in_(FINISHED),
+            Job.finished_at.is_not(None),
+            Job.finished_at <= before,
+        )
+    ).all()
+
+
 def get_worker(session: Session, name: str) -> Worker | None:
     return session.scalars(select(Worker).where(Worker.name == name)).one_or_none()
 

@@ -418,6 +418,11 @@ def list_workers(session: Session) -> Sequence[Worker]:
 # -- asked by cycles ----
 
 
+def finished_before(session: Session, ids: Sequence[int], before: datetime) -> Sequence[int]:
+    """Of these jobs, those finished at or before `before` (a GPU host's tree sweep)."""
+    return repo.finished_before(session, ids, before)
+
+
 def for_cycle(session: Session, cycle_id: int) -> Job | None:
     """The job a cycle submitted, if it got that far (`Job.cycle_id` says whose it is)."""
     return repo.for_cycle(session, cycle_id)
