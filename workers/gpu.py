@@ -98,8 +98,11 @@ class RunLoop(NextJob):
                 ticket = self._settle_and_lease(finished)
                 if ticket is None:
                     # Nothing is ready on this host: the GPU is idle anyway, so prepare the
-                    # first job in line here now (another host may have prepared it already).
-                    if prepare.prepare_ahead(self.stores, self.settings, self.me.queue, want=1):
+                    # first job in line here now (another host may have prepared it already),
+                    # and lease it next, with no doorbell to wake another worker for it.
+                    if prepare.prepare_ahead(
+                        self.stores, self.settings, self.me.queue, want=1, ring=False
+                    ):
                         continue
                     break
                 if len(self.pending_cleanup) >= CLEANUP_BATCH:

@@ -82,11 +82,17 @@ AHEAD_CANDIDATES = 8
 
 
 def prepare_job(
-    stores: Stores, settings: Settings, job_id: int, host: str | None = None, *, wait: bool = True
+    stores: Stores,
+    settings: Settings,
+    job_id: int,
+    host: str | None = None,
+    *,
+    wait: bool = True,
+    ring: bool = True,
 ) -> bool | None:
     """Prepare the job on this host; True when it is ready here and still waits for a GPU.
     With `wait=False`, None (and nothing done) when another worker of this host is preparing
-    it now."""
+    it now. With `ring=False` no doorbell says it is ready: the caller runs it next."""
     host = host or socket.gethostname()
     folder = paths.job_dir(settings, job_id)
     folder.mkdir(parents=True, exist_ok=True)
@@ -96,12 +102,15 @@ def prepare_job(
             fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
-        return _prepare_locked(stores, settings, job_id, host)
+        return _prepare_locked(stores, settings, job_id, host, ring=ring)
 
 
-def prepare_ahead(stores: Stores, settings: Settings, queue: str, *, want: int) -> int:
+def prepare_ahead(
+    stores: Stores, settings: Settings, queue: str, *, want: int, ring: bool = True
+) -> int:
     """Prepare queued jobs of `queue` on this host until `want` wait ready here (or none is
-    left to prepare); returns how many became ready now.
+    left to prepare); returns how many became ready now. `ring=False` for an idle worker that
+    leases what it prepared next: a doorbell would only wake another worker to find it gone.
 
     Each GPU worker of a host prepares ahead, kicked at each job's start: they take different
     jobs in line rather than queueing on the first one's lock (one each after the other would
@@ -115,7 +124,7 @@ def prepare_ahead(stores: Stores, settings: Settings, queue: str, *, want: int) 
                 return made
             todo = preparation.needs_preparation(session, queue, host, limit=AHEAD_CANDIDATES)
         for job_id in todo:
-            done = prepare_job(stores, settings, job_id, host, wait=False)
+            done = prepare_job(stores, settings, job_id, host, wait=False, ring=ring)
             if done is not None:
                 made += done
                 break
@@ -136,7 +145,9 @@ class _Source:
     head_vs_base: bool = False  # a harness job whose cycle changed code
 
 
-def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) -> bool:
+def _prepare_locked(
+    stores: Stores, settings: Settings, job_id: int, host: str, *, ring: bool = True
+) -> bool:
     with stores.ops_session() as session:
         # This host's lock for the job is ours, so no live preparer here has it: a row still
         # "preparing" was left by a worker that died mid-preparation.
@@ -195,7 +206,7 @@ def _prepare_locked(stores: Stores, settings: Settings, job_id: int, host: str) 
         if ended:
             ring_cycle(settings, stores, job_id)
         return False
-    return _ready(stores, settings, job_id, host, tree, env, source.queue)
+    return _ready(stores, settings, job_id, host, tree, env, source.queue if ring else None)
 
 
 def _venv_progress(stores: Stores, settings: Settings, job_id: int, host: str) -> venv.Progress:
@@ -255,8 +266,9 @@ def _ready(
     host: str,
     tree: Path,
     env: venv.Venv,
-    queue: str,
+    ring: str | None,
 ) -> bool:
+    """Mark the job ready on this host; then ring `ring` (its queue), if given."""
     with stores.ops_session() as session:
         ready = preparation.preparation_ready(
             session,
@@ -266,8 +278,8 @@ def _ready(
             venv_path=str(env.path),
             environment=env.environment(),
         )
-    if ready:
-        broker.ring_gpu(settings, queue)  # an idle worker of this host may take it now
+    if ready and ring is not None:
+        broker.ring_gpu(settings, ring)  # an idle worker of this host may take it now
     return ready
 
 

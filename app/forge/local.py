@@ -8,8 +8,11 @@ the forge interface is the same as GitHub's, an outside effect the cycle calls b
 from __future__ import annotations
 
 import logging
+import random
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
@@ -19,6 +22,7 @@ from app.db import Stores
 from app.forge import repository
 from app.forge.base import ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
+    ForgeUnavailable,
     GitFailed,
     HeadMoved,
     InvalidRef,
@@ -43,6 +47,16 @@ log = logging.getLogger(__name__)
 
 # Where the API serves the forge's repositories: <control url>/git/<project>.git
 HTTP_PREFIX = "/git"
+#: Tries at recording a PR when other processes take the project's next number meanwhile.
+OPEN_ATTEMPTS = 6
+_NUMBERING_LOCKS: dict[str, threading.Lock] = {}
+_NUMBERING_GUARD = threading.Lock()
+
+
+def _numbering(project: str) -> threading.Lock:
+    """This process's lock on numbering `project`'s pull requests."""
+    with _NUMBERING_GUARD:
+        return _NUMBERING_LOCKS.setdefault(project, threading.Lock())
 
 
 def _to_pull_request(row: PullRequestRecord, url: str) -> PullRequest:
@@ -192,9 +206,12 @@ class LocalForge:
             raise InvalidRef(f"branch {head!r} is not on the forge; push it before opening a PR")
         if base_sha is None:
             raise InvalidRef(f"base branch {base!r} is not on the forge")
-        for _ in range(3):  # a concurrent open of the same head, or a number taken meanwhile
+        # A project's next number is read and taken in one transaction, committed before this
+        # process's next open of the project reads it (its control threads publish side by
+        # side); another process taking it meanwhile is a unique violation, tried again.
+        for attempt in range(OPEN_ATTEMPTS):
             try:
-                with self._stores.ops_session() as session:
+                with _numbering(project.name), self._stores.ops_session() as session:
                     row = repository.find_open_by_head(session, project.name, head)
                     if row is None:
                         row = PullRequestRecord(
@@ -211,8 +228,9 @@ class LocalForge:
                         repository.add(session, row)
                     return _to_pull_request(row, self._url(row.project, row.number))
             except IntegrityError:
-                continue
-        raise GitFailed(f"could not record a pull request for {head!r}; try again")
+                time.sleep(random.uniform(0, 0.01 * 2**attempt))  # noqa: S311 - jitter only
+        # Transient (Unavailable): the cycle's publish step is retried with backoff.
+        raise ForgeUnavailable(f"could not record a pull request for {head!r}; try again")
 
     def _get_row(self, project: ProjectRef, number: int) -> PullRequestRecord:
         with self._stores.ops_session() as session:

@@ -105,6 +105,20 @@ def test_concurrent_opens_make_one_pull_request(
     assert [p.state for p in forge.list_pull_requests(project)] == ["closed", "open"]
 
 
+def test_concurrent_opens_of_many_heads_get_distinct_numbers(
+    forge: LocalForge, project: ProjectRef
+) -> None:
+    """A control worker's threads publish many cycles of one project at once (the load test
+    once lost a cycle to three number collisions in a row)."""
+    base = git(Path(forge.remote_url(project)), "rev-parse", "main")
+    heads = [f"autopilot/spectral/{n}-sweep" for n in range(16)]
+    assert all(forge.place_branch(project, head, base) for head in heads)
+    with ThreadPoolExecutor(8) as pool:
+        prs = list(pool.map(lambda h: forge.open_pull_request(project, h, "main", h, ""), heads))
+    assert sorted(p.number for p in prs) == list(range(1, 17))
+    assert {p.head for p in prs} == set(heads)
+
+
 def test_open_needs_a_pushed_head(forge: LocalForge, project: ProjectRef) -> None:
     with pytest.raises(InvalidRef, match="push it"):
         forge.open_pull_request(project, "autopilot/spectral/nothing", "main", "t", "")
