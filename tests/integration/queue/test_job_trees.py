@@ -20,6 +20,13 @@ from app.settings import Settings
 from workers import job_trees
 
 
+def _project(stores: Stores, name: str, tmp_path: Path) -> int:
+    with stores.ops_session() as session:
+        return ops.create_project(
+            session, ProjectCreate(name=name, repo_url=str(tmp_path / "repo"))
+        ).id
+
+
 def _job(stores: Stores, project_id: int, state: str, finished_hours_ago: float | None) -> int:
     with stores.ops_session() as session:
         row = Job(project_id=project_id, experiment="probe", queue="gpu.cpu", state=state)
@@ -45,11 +52,7 @@ def _trees(settings: Settings, job_id: int) -> Path:
 def test_only_finished_jobs_trees_past_the_keep_time_go(
     stores: Stores, settings: Settings, tmp_path: Path
 ) -> None:
-    with stores.ops_session() as session:
-        project = ops.create_project(
-            session, ProjectCreate(name="trees", repo_url=str(tmp_path / "repo"))
-        )
-        project_id = project.id
+    project_id = _project(stores, "trees", tmp_path)
     settings = settings.model_copy(update={"job_tree_keep_s": 3600.0})
     old_done = _job(stores, project_id, "succeeded", 5)
     old_failed = _job(stores, project_id, "failed", 2)
@@ -80,11 +83,7 @@ def test_only_finished_jobs_trees_past_the_keep_time_go(
 def test_a_worker_sweeps_every_few_minutes(
     stores: Stores, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with stores.ops_session() as session:
-        project = ops.create_project(
-            session, ProjectCreate(name="swept", repo_url=str(tmp_path / "repo"))
-        )
-        project_id = project.id
+    project_id = _project(stores, "swept", tmp_path)
     settings = settings.model_copy(update={"job_tree_keep_s": 0.0})
     monkeypatch.setattr(job_trees, "_last_sweep", -job_trees.SWEEP_EVERY_S)  # none yet
     first = _trees(settings, _job(stores, project_id, "succeeded", 1))
