@@ -295,7 +295,7 @@ class RunLoop(NextJob):
     def _clean(self, batch: list[runtime.RuntimeDir]) -> None:
         """Finished jobs' runtime dirs, and (every few minutes) their exported trees."""
         release_all(batch)
-        job_trees.sweep_if_due(self.stores, self.settings)
+        job_trees.sweep_in_background(self.stores, self.settings)
 
     def run_one(self, ticket: Ticket, settle: Settle | None = None) -> jobs.JobOutcome:
         """Run one leased (or reserved) job; returns its outcome for `_settle_and_lease` to

@@ -1,14 +1,18 @@
 """A GPU host's finished job trees, removed: each job exports its commit (and a command job its
 base commit) under `jobs/<id>/`, and a busy host would fill its disk with them. What a job
 leaves for people (its log, `result.json`, its runs' logs, `arms.json`) stays; the exports and
-what `setup` wrote into them go once the job has been finished for `job_tree_keep_s`.
+what `setup` wrote into them go once the job has been finished for `job_tree_keep_s`, or once
+its row is gone (a deleted project's jobs).
 
-A GPU worker sweeps at most every `SWEEP_EVERY_S`, off the GPU's path (the worker's cleanup
-thread, or once its queue is empty), and only trees of jobs the ops DB says are finished: a job
-prepared ahead, waiting, reserved or running keeps its tree however old it is."""
+One worker of a host sweeps at a time, at most every `SWEEP_EVERY_S` for the host (a lock and a
+stamp file in `jobs/`), in a thread of its own off the GPU's path, and only trees of jobs the
+ops DB says are finished: a job prepared ahead, waiting, reserved or running keeps its tree
+however old it is."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import shutil
 import threading
@@ -25,52 +29,80 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 300.0
+CHUNK = 500  # ids a query: PostgreSQL's driver takes at most 65,535 parameters a statement
 _TREES = ("src", "base")
-_lock = threading.Lock()
-_last_sweep = -SWEEP_EVERY_S
+LOCK, STAMP = ".sweep.lock", ".swept"
+
+
+def sweep_in_background(stores: Stores, settings: Settings) -> None:
+    """Start a sweep in a daemon thread when this host's last one is `SWEEP_EVERY_S` old."""
+    if _due(_folder(settings)):
+        threading.Thread(
+            target=sweep_if_due, args=(stores, settings), name="job-trees", daemon=True
+        ).start()
 
 
 def sweep_if_due(stores: Stores, settings: Settings) -> int:
-    """`sweep` unless this process swept less than `SWEEP_EVERY_S` ago (or another thread of
-    it is sweeping now); never raises: a tree left is swept next time."""
-    global _last_sweep
-    if not _lock.acquire(blocking=False):
+    """`sweep` unless another worker of this host is sweeping or swept less than
+    `SWEEP_EVERY_S` ago; never raises: a tree left is swept next time."""
+    folder = _folder(settings)
+    if not folder.is_dir():
         return 0
     try:
-        if time.monotonic() - _last_sweep < SWEEP_EVERY_S:
-            return 0
-        _last_sweep = time.monotonic()
-        return sweep(stores, settings)
+        with open(folder / LOCK, "a+b") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0
+            if not _due(folder):
+                return 0
+            (folder / STAMP).touch()
+            return sweep(stores, settings)
     except Exception:
         log.warning("removing finished job trees failed; the next sweep retries", exc_info=True)
         return 0
-    finally:
-        _lock.release()
 
 
 def sweep(stores: Stores, settings: Settings) -> int:
-    """Remove the exported trees of this host's jobs finished more than `job_tree_keep_s` ago;
-    returns how many jobs' trees went."""
-    folder = paths.job_dir(settings, 0).parent
+    """Remove the exported trees of this host's jobs finished more than `job_tree_keep_s` ago
+    (or deleted); returns how many jobs' trees went."""
     try:
         with_trees = {
             int(entry.name): entry
-            for entry in folder.iterdir()
+            for entry in _folder(settings).iterdir()
             if entry.name.isdigit() and any((entry / tree).is_dir() for tree in _TREES)
         }
     except FileNotFoundError:
         return 0
-    if not with_trees:
-        return 0
     before = utcnow() - timedelta(seconds=settings.job_tree_keep_s)
-    with stores.ops_session() as session:
-        done = jobs.finished_before(session, sorted(with_trees), before)
-    for job_id in done:
-        for tree in _TREES:
-            _remove(with_trees[job_id] / tree)
-    if done:
-        log.info("removed the exported trees of %d finished job(s)", len(done))
-    return len(done)
+    ids = sorted(with_trees)
+    kept: set[int] = set()
+    for start in range(0, len(ids), CHUNK):
+        with stores.ops_session() as session:
+            kept |= jobs.kept_among(session, ids[start : start + CHUNK], before)
+    removed = 0
+    for job_id in ids:
+        if job_id in kept:
+            continue
+        try:
+            for tree in _TREES:
+                _remove(with_trees[job_id] / tree)
+            removed += 1
+        except OSError:
+            log.warning("job %s: its trees could not be removed", job_id, exc_info=True)
+    if removed:
+        log.info("removed the exported trees of %d finished job(s)", removed)
+    return removed
+
+
+def _folder(settings: Settings) -> Path:
+    return paths.job_dir(settings, 0).parent
+
+
+def _due(folder: Path) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return time.time() - (folder / STAMP).stat().st_mtime >= SWEEP_EVERY_S
+    return True
 
 
 def _remove(tree: Path) -> None:

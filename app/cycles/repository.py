@@ -232,7 +232,10 @@ def step_attempts(session: Session, cycle_id: int, name: str) -> Sequence[CycleS
 
 
 def state_of(session: Session, cycle_id: int) -> str | None:
-    """The cycle's state alone (one column, no object: the machine reads it before each step)."""
+    """The cycle's state alone (one column, no object: the machine reads it before each step);
+    None for no such cycle (an id past the 32-bit column names none: PostgreSQL would raise)."""
+    if not 1 <= cycle_id <= 2**31 - 1:
+        return None
     return session.execute(_STATE, {"cycle_id": cycle_id}).scalar_one_or_none()
 
 

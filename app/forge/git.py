@@ -217,9 +217,14 @@ class GitWork:
                 )
             tip = tips.get(ref)
             if tip is None:
-                self.git.run(["update-ref", ref, base_tip, ""], mirror)
-                # Made at base_tip just now: that is its merge base with base_tip.
-                return self._at(CycleBranch(project, branch, base, base_tip, mirror), base_tip)
+                # At the base the cycle recorded where the fetch brought it (a mirror made
+                # afresh), else at the remote's base now (that base is gone from the remote).
+                start = base_tip
+                if base_sha is not None and self.git.ok(["cat-file", "-e", base_sha], mirror):
+                    start = base_sha
+                self.git.run(["update-ref", ref, start, ""], mirror)
+                # Made at `start` just now: that is its merge base with the base.
+                return self._at(CycleBranch(project, branch, base, start, mirror), start)
             base_sha = self.git.run(["merge-base", ref, base_tip], mirror)
         return self._at(CycleBranch(project, branch, base, base_sha, mirror), tip)
 

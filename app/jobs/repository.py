@@ -342,16 +342,11 @@ def recent_finished(session: Session, queue: str, since: datetime) -> Sequence[J
     ).all()
 
 
-def finished_before(session: Session, ids: Sequence[int], before: datetime) -> Sequence[int]:
-    """Those of `ids` whose job finished (nothing more will happen to it) at or before `before`."""
-    return session.scalars(
-        select(Job.id).where(
-            Job.id.in_(ids),
-            Job.state.in_(FINISHED),
-            Job.finished_at.is_not(None),
-            Job.finished_at <= before,
-        )
-    ).all()
+def kept_among(session: Session, ids: Sequence[int], before: datetime) -> set[int]:
+    """Those of `ids` whose job is not finished, or finished after `before` (an id with no row,
+    a job deleted with its project, is not among them)."""
+    done = and_(Job.state.in_(FINISHED), Job.finished_at.is_not(None), Job.finished_at <= before)
+    return set(session.scalars(select(Job.id).where(Job.id.in_(ids), ~done)).all())
 
 
 def get_worker(session: Session, name: str) -> Worker | None:

@@ -418,9 +418,9 @@ def list_workers(session: Session) -> Sequence[Worker]:
 # -- asked by cycles ----
 
 
-def finished_before(session: Session, ids: Sequence[int], before: datetime) -> Sequence[int]:
-    """Of these jobs, those finished at or before `before` (a GPU host's tree sweep)."""
-    return repo.finished_before(session, ids, before)
+def kept_among(session: Session, ids: Sequence[int], before: datetime) -> set[int]:
+    """Of these jobs, those unfinished or finished after `before` (a GPU host's tree sweep)."""
+    return repo.kept_among(session, ids, before)
 
 
 def for_cycle(session: Session, cycle_id: int) -> Job | None:

@@ -126,10 +126,11 @@ def fingerprint(
     that commit rather than by its path: each job exports to a folder of its own, and without
     this no two jobs of a sweep (one commit, many points) would share a pass."""
     root = Path(os.path.abspath(venv))
+    where = os.path.abspath(cwd)
     if worktree is not None and worktree_commit is not None:
-        where = os.path.abspath(worktree)
-        env = {k: v.replace(where, "<worktree>") for k, v in env.items()}
-        cwd = Path(os.path.abspath(cwd).replace(where, "<worktree>"))
+        tree = os.path.abspath(worktree)
+        env = {k: v.replace(tree, "<worktree>") for k, v in env.items()}
+        where = where.replace(tree, "<worktree>")
     parts: dict[str, Any] = {
         "worktree_commit": worktree_commit,
         "v": GUARD_VERSION,
@@ -139,7 +140,7 @@ def fingerprint(
         "marker": _read(root / COMPLETE_MARKER),
         "requirements_hash": requirements_hash,
         "env": sorted((k, v) for k, v in env.items() if k not in _VOLATILE),
-        "cwd": os.path.abspath(cwd),
+        "cwd": where,
         "modules": list(modules),
         "sandboxed": sandboxed,  # a pass unconfined says nothing of one in the sandbox
     }

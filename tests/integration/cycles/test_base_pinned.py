@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import git as gitpython
+import pytest
 
 from app.cycles import service
+from app.cycles.exceptions import CycleNotFound
+from app.cycles.machine import Machine
 from app.cycles.steps.plan import Plan
 from app.cycles.steps.prepare import Prepare
 from app.db import Stores
@@ -77,3 +80,12 @@ def test_the_local_forge_places_a_branch_only_at_a_commit_it_holds(
     assert not forge.place_branch(ref, "autopilot/placed/3-sweep", tree)
     heads = git(bare, "for-each-ref", "--format=%(refname)", "refs/heads/autopilot")
     assert heads.split() == ["refs/heads/autopilot/placed/1-sweep"]
+
+
+@pytest.mark.parametrize("cycle_id", [0, 2**31, 10**12])
+def test_the_machine_names_a_cycle_id_past_the_column(
+    stores: Stores, settings: Settings, cycle_id: int
+) -> None:
+    """Past the 32-bit column PostgreSQL would raise on the value: it names no cycle."""
+    with pytest.raises(CycleNotFound, match=f"no cycle {cycle_id}"):
+        Machine(stores, settings).advance(cycle_id)

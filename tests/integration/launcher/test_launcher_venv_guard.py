@@ -252,3 +252,23 @@ def test_exports_of_one_commit_share_a_pass(venv: Venv, tmp_path: Path) -> None:
     assert not check(trees[2], "b" * 40).cached  # another commit
     assert not check(trees[3], None).cached  # no commit: the folder counts
     assert check(trees[3], None).cached
+
+
+def test_a_pass_key_does_not_depend_on_the_workers_directory(
+    venv: Venv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = tmp_path / "jobs" / "1" / "src"
+    tree.mkdir(parents=True)
+    key = {
+        "venv": venv.path,
+        "python": venv.path / "bin" / "python",
+        "env": {"PYTHONPATH": str(tree)},
+        "cwd": tree,
+        "modules": ["exp_entry"],
+        "requirements_hash": None,
+        "worktree": tree,
+        "worktree_commit": "a" * 40,
+    }
+    first = guard.fingerprint(**key)  # type: ignore[arg-type]
+    monkeypatch.chdir(tmp_path)  # another worker process, started elsewhere
+    assert guard.fingerprint(**key) == first  # type: ignore[arg-type]
