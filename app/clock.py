@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator
 
 AgeStyle = Literal["spaced", "compact"]
 
@@ -44,6 +46,15 @@ def aware(value: datetime | None) -> datetime | None:
     if value is None or value.tzinfo is not None:
         return value
     return value.replace(tzinfo=UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+#: A time in an API answer: aware UTC whatever the store handed back (SQLite's are naive), so
+#: it serialises as an RFC 3339 date-time, offset included, as the schema promises.
+UtcDatetime = Annotated[datetime, AfterValidator(_utc)]
 
 
 def age_text(seconds: float | None, style: AgeStyle = "spaced") -> str:

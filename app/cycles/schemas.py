@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.clock import UtcDatetime
 
 Scalar = int | float | str | bool
 
@@ -29,8 +30,8 @@ class StepOut(BaseModel):
     attempt: int
     status: str
     detail: str | None
-    started_at: datetime
-    finished_at: datetime | None
+    started_at: UtcDatetime
+    finished_at: UtcDatetime | None
 
 
 class CycleOut(BaseModel):
@@ -58,8 +59,8 @@ class CycleOut(BaseModel):
     agent_tokens: int | None
     agent_exchange: list[dict[str, Any]] | None = None
     error: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
     steps: list[StepOut] = Field(default_factory=list)
 
 
@@ -86,4 +87,4 @@ class AutopilotOut(BaseModel):
     name: str
     autopilot_enabled: bool
     schedule: str | None
-    last_scheduled_at: datetime | None
+    last_scheduled_at: UtcDatetime | None

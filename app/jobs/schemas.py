@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.clock import UtcDatetime
 
 Scalar = int | float | str | bool
 
@@ -30,17 +31,17 @@ class JobOut(BaseModel):
     queue: str
     state: str
     attempts: int
-    submitted_at: datetime
-    prepared_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
+    submitted_at: UtcDatetime
+    prepared_at: UtcDatetime | None
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
     gpu_seconds: float
     idle_gap_s: float | None
     worker: str | None
     error: str | None
     wait_reason: str | None
     cancelled_by: str | None
-    cancel_requested_at: datetime | None
+    cancel_requested_at: UtcDatetime | None
     # The code it runs, as a commit GPU hosts fetch: from where, which branch, which commits.
     repo: str | None = None
     ref: str | None = None
@@ -69,7 +70,7 @@ class WorkerOut(BaseModel):
     kind: str
     devices: str
     host: str
-    last_seen: datetime
+    last_seen: UtcDatetime
     current_job_id: int | None
 
 
@@ -78,6 +79,6 @@ class QueueOut(BaseModel):
     queued: int
     leased: int
     running: int
-    oldest_queued_at: datetime | None
+    oldest_queued_at: UtcDatetime | None
     idle_gap_median_s: float | None
     duty_cycle: float | None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.clock import UtcDatetime
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 SLUG_FORM = "a slug: lower-case letters, digits, '.', '_' or '-', starting with a letter or digit, at most 64 characters"  # noqa: E501
@@ -96,7 +97,7 @@ class ProjectOut(BaseModel):
     default_branch: str
     forge: str
     gpu_kind: str
-    created_at: datetime
+    created_at: UtcDatetime
 
 
 class TokenOut(BaseModel):
@@ -104,5 +105,5 @@ class TokenOut(BaseModel):
 
     name: str
     scopes: list[str]
-    created_at: datetime
-    revoked_at: datetime | None
+    created_at: UtcDatetime
+    revoked_at: UtcDatetime | None
