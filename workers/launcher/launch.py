@@ -90,8 +90,11 @@ class LaunchSpec:
         )
 
     def command(self) -> list[str]:
-        """What is executed: `python -m <entry>`, or the command's argv."""
-        return [str(self.python), "-m", self.entry] if self.argv is None else list(self.argv)
+        """What is executed: the module as `python -m <entry>` runs it (`AS_MAIN`), or the
+        command's argv."""
+        if self.argv is not None:
+            return list(self.argv)
+        return [str(self.python), "-c", AS_MAIN + _AS_MAIN_CALL, self.entry]
 
     def policy(self) -> sandbox.Policy | None:
         """Its sandbox, or None when it runs unconfined."""
@@ -105,6 +108,40 @@ class LaunchSpec:
             runtime=self.runtime,
             pythonpath=self.pythonpath,
         )
+
+
+#: `python -m <entry>` without runpy. For a top-level module that is a source file (what an
+#: experiment's entry is), it does what runpy's `_run_module_as_main` does: the import system
+#: finds its spec (`sys.meta_path`, as `importlib.util.find_spec` asks), its code runs in
+#: `__main__`'s namespace with the same globals (`__name__ == "__main__"`, `__spec__`,
+#: `__file__`, ...) and `sys.argv[0]` is its file. Importing runpy (importlib.util,
+#: contextlib, collections, functools...) was ~2 ms of a ~13 ms cold start
+#: (docs/benchmarks.md). Anything else (a package, a dotted name, a module already imported,
+#: none found) goes to runpy itself, errors included. The function removes its own name from
+#: `__main__` first; with PYTHONSAFEPATH=1 (every module job), `-c` puts no folder on sys.path,
+#: as `-m` puts none. One difference, as for a script: the modules runpy imports are not
+#: imported behind the module's back (`import importlib` alone gives no `importlib.util`).
+AS_MAIN = """\
+def _autopilot_as_main(entry):
+    import sys, _frozen_importlib as boot
+    main = sys.modules["__main__"].__dict__
+    main.pop("_autopilot_as_main", None)
+    plain = "." not in entry and entry not in sys.modules
+    spec = boot._find_spec(entry, None) if plain else None
+    loader = getattr(spec, "loader", None)
+    if spec is None or spec.submodule_search_locations is not None or not hasattr(
+        loader, "get_code"
+    ):
+        import runpy
+        return runpy._run_module_as_main(entry)
+    code = loader.get_code(entry)
+    sys.argv[0] = spec.origin
+    main.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached,
+                __doc__=None, __loader__=loader, __package__=spec.parent, __spec__=spec)
+    exec(code, main)
+"""
+#: The call that ends `command()`'s `-c`: its module is the last argument, taken off argv.
+_AS_MAIN_CALL = '_autopilot_as_main(__import__("sys").argv.pop(1))\n'
 
 
 def _libc_prctl() -> Callable[..., int] | None:
@@ -162,10 +199,12 @@ def start(
 #: What a placed module job runs before its module: wait until the worker has moved this
 #: process into the job's cgroup (one byte on the pipe argv[1]; end of file: the worker died
 #: first, so exit before any user code), then become `python -m <argv[2]>` exactly as `-m` does
-#: (runpy, as the parked interpreter does; its own name is removed from `__main__` first).
-_PLACED = """\
+#: (`AS_MAIN`; its own name is removed from `__main__` first).
+_PLACED = (
+    AS_MAIN
+    + """\
 def _autopilot_placed():
-    import os, runpy, sys
+    import os, sys
     go, entry = int(sys.argv[1]), sys.argv[2]
     del sys.argv[1:]
     placed = os.read(go, 1) == b"G"
@@ -173,9 +212,10 @@ def _autopilot_placed():
     if not placed:
         os._exit(125)
     del sys.modules["__main__"].__dict__["_autopilot_placed"]
-    runpy._run_module_as_main(entry)
+    _autopilot_as_main(entry)
 _autopilot_placed()
 """
+)
 
 
 def _spawn_placed(

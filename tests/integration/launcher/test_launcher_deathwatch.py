@@ -269,9 +269,26 @@ def test_a_placed_job_sees_what_python_m_shows(tmp_path: Path, venv: Venv) -> No
         subprocess.run(  # noqa: S603
             [str(venv.python), "-m", "exp"], cwd=tmp_path / "wt", env=env, check=True
         )
+        imports = "import json, sys; print(json.dumps(sorted(sys.modules)))"
+        runpy_imports = set(_modules(venv, "import runpy; " + imports)) - set(
+            _modules(venv, imports)
+        )
     finally:
         release_runtime(rt)
-    assert placed.result == json.loads((tmp_path / "m.json").read_text())
+    plain = json.loads((tmp_path / "m.json").read_text())
+    modules, plain_modules = set(placed.result.pop("modules")), set(plain.pop("modules"))
+    assert placed.result == plain
+    # The one difference: what runpy itself imports is not imported behind the module's back
+    # (`launch.AS_MAIN`, issue 18), as for a script.
+    assert "runpy" in plain_modules - modules
+    assert modules <= plain_modules and plain_modules - modules <= runpy_imports
+
+
+def _modules(venv: Venv, code: str) -> list[str]:
+    out = subprocess.run(  # noqa: S603
+        [str(venv.python), "-I", "-c", code], capture_output=True, text=True, check=True
+    )
+    return [m for m in json.loads(out.stdout) if not m.startswith("_")]
 
 
 def test_a_dead_death_watch_is_started_again(tmp_path: Path) -> None:

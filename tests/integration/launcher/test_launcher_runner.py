@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +117,59 @@ def test_the_entry_is_the_worktree_module_not_a_cwd_copy(make_job: MakeJob, tmp_
     out = run_job(job, limits=Limits(timeout_s=30))
     assert out.ok, out.stderr
     assert out.result == {"who": "worktree"}
+
+
+IDENTITY = (
+    SEND
+    + """
+import sys
+main = sys.modules["__main__"]
+result({"name": __name__, "file": __file__, "argv": sys.argv, "path": sys.path,
+        "spec": [__spec__.name, __spec__.origin, __spec__.cached, __spec__.parent],
+        "package": __package__, "loader": type(__loader__).__name__, "doc": __doc__,
+        "globals": sorted(globals()), "main_is_me": main.__dict__ is globals(),
+        "runpy": "runpy" in sys.modules})
+"""
+)
+
+
+@pytest.mark.parametrize("layout", ["module", "package"])
+def test_the_entry_runs_as_dash_m_runs_it(make_job: MakeJob, layout: str) -> None:
+    """A cold start runs the module as `python -m exp` does, without importing runpy for a
+    top-level module (issue 18: ~2 ms of the start); a package's `__main__` takes runpy's own
+    path. Compared field by field with the real `python -m`, in the job's environment."""
+    job = make_job(IDENTITY)
+    entry = "exp"
+    if layout == "package":
+        (job.cwd / "pk").mkdir()
+        (job.cwd / "pk" / "__init__.py").write_text("")
+        (job.cwd / "pk" / "__main__.py").write_text((job.cwd / "exp.py").read_text())
+        entry = "pk"
+    job = make_job(IDENTITY, entry=entry)
+    ours = run_job(job, limits=Limits(timeout_s=30))
+    assert ours.ok, ours.stderr
+    env = job.env()
+    env["AUTOPILOT_RESULT"] = str(job.runtime.path / "plain.json")
+    with socket.socket(socket.AF_UNIX) as listener:  # the module connects to its events socket
+        job.runtime.events_path.unlink(missing_ok=True)
+        listener.bind(str(job.runtime.events_path))
+        listener.listen(1)
+        subprocess.run([str(job.python), "-m", entry], cwd=job.cwd, env=env, check=True)
+    plain = json.loads((job.runtime.path / "plain.json").read_text())
+    job.runtime.events_path.unlink()
+    assert ours.result["runpy"] is (layout == "package")
+    assert plain["runpy"]
+    for key in set(plain) - {"runpy"}:
+        assert ours.result[key] == plain[key], key
+    assert ours.result["name"] == "__main__" and ours.result["main_is_me"]
+    assert ours.result["argv"] == [ours.result["file"]]
+    assert ours.result["path"][0] == str(job.cwd)  # PYTHONPATH first, no script folder
+
+
+def test_an_entry_that_does_not_exist_fails_as_dash_m_does(make_job: MakeJob) -> None:
+    out = run_job(make_job("pass\n", entry="no_such_module"), limits=Limits(timeout_s=30))
+    assert out.returncode == 1
+    assert "No module named no_such_module" in out.stderr
 
 
 def test_timeout_kills_the_group_including_a_grandchild_that_ignores_sigterm(
