@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 PullRequestState = Literal["open", "closed", "merged"]
@@ -66,6 +67,12 @@ class Forge(Protocol):
         """Create `branch` at a commit the forge already holds (a sweep's candidate is its base),
         without a push: True when done, False where a push is needed instead (the commit is not
         there, the branch exists, or the forge has no such shortcut)."""
+        ...
+
+    def take_branch(self, project: ProjectRef, mirror: Path, branch: str, sha: str) -> bool:
+        """Fast-forward `branch` to commit `sha` of `mirror`, a repository on this host, without
+        a push: True when done, False where a push is needed instead (the forge is elsewhere,
+        the branch is not there yet, it is not a fast-forward)."""
         ...
 
     def file_url(self, project: ProjectRef, sha: str, path: str) -> str | None:

@@ -102,14 +102,22 @@ class GitWork:
             raise InvalidRef(str(exc)) from None
         return self.repos_dir / f"{project}.git"
 
-    def fetch(self, project: str, url: str) -> Path:
-        """Create the project's mirror if needed and bring its remote branches up to date.
+    def fetch(self, project: str, url: str, branch: str | None = None) -> Path:
+        """Create the project's mirror if needed and bring its remote branches up to date; only
+        `branch` when one is named (a plan reads its base alone: a forge holds a branch per
+        cycle, and listing them all made every plan's fetch grow with the cycles run).
 
         Concurrent calls for one mirror share a fetch (`single_flight`): a caller waiting on
-        the lock returns as soon as a fetch that began after it asked has finished."""
+        the lock returns as soon as a fetch of the same branches that began after it asked has
+        finished. A named branch missing from the remote raises BaseBranchMissing."""
         check_url(url)
         mirror = self.mirror_path(project)
-        with single_flight(mirror, url) as needed:
+        refspec = (
+            f"+refs/heads/*:{REMOTE_PREFIX}*"
+            if branch is None
+            else f"+refs/heads/{check_branch_name(branch)}:{REMOTE_PREFIX}{branch}"
+        )
+        with single_flight(mirror, f"{url} {refspec}") as needed:
             if not needed:  # a fetch that began after this call asked has just finished
                 return mirror
             if not (mirror / "HEAD").exists():
@@ -124,29 +132,33 @@ class GitWork:
                         "--no-tags",
                         "--end-of-options",
                         url,
-                        f"+refs/heads/*:{REMOTE_PREFIX}*",
+                        refspec,
                     ],
                     mirror,
                     url=url,
                 )
             except GitFailed as exc:
-                raise fetch_failure(exc, url) from None
+                raise fetch_failure(exc, url, branch) from None
         return mirror
 
     def read_at(self, project: str, url: str, branch: str, path: str) -> tuple[str, str | None]:
         """Fetch the project's mirror from `url`, then read `path` at the tip of `branch`:
         (the commit, the file's text or None where that commit has no such file)."""
         check_branch_name(branch)
-        mirror = self.fetch(project, url)
+        missing = BaseBranchMissing(
+            f"branch {branch!r} does not exist on the project's repository "
+            f"{redact_text(url)[:200]}; check the project's default_branch"
+        )
+        try:
+            mirror = self.fetch(project, url, branch)
+        except BaseBranchMissing:
+            raise missing from None
         try:
             sha = self.git.run(
                 ["rev-parse", "--verify", "--quiet", f"{REMOTE_PREFIX}{branch}^{{commit}}"], mirror
             )
         except GitFailed:
-            raise BaseBranchMissing(
-                f"branch {branch!r} does not exist on the project's repository "
-                f"{redact_text(url)[:200]}; check the project's default_branch"
-            ) from None
+            raise missing from None
         return sha, self.show(project, sha, path)
 
     def show(self, project: str, commit: str, path: str) -> str | None:

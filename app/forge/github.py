@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
@@ -248,6 +249,9 @@ class GitHubForge:
 
     def place_branch(self, project: ProjectRef, branch: str, sha: str) -> bool:
         return False  # a push it is: the branch's commits travel with it
+
+    def take_branch(self, project: ProjectRef, mirror: Path, branch: str, sha: str) -> bool:
+        return False  # another host: a push it is
 
     def file_url(self, project: ProjectRef, sha: str, path: str) -> str:
         """`<repository page>/blob/<sha>/<path>`: the file as committed, whatever moves later.

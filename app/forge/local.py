@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.clock import utcnow
 from app.db import Stores
-from app.forge import repository
+from app.forge import objects, repository
 from app.forge.base import ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
     ForgeUnavailable,
@@ -37,6 +37,7 @@ from app.forge.gitrunner import (
     fetch_failure,
     repo_lock,
     single_flight,
+    upkeep,
 )
 from app.forge.models import PullRequestComment, PullRequestRecord
 from app.forge.refs import check_sha
@@ -171,6 +172,32 @@ class LocalForge:
             )
         except GitFailed:
             return False
+        return True
+
+    def take_branch(self, project: ProjectRef, mirror: Path, branch: str, sha: str) -> bool:
+        """Fast-forward `branch` to `sha`, a commit of `mirror` (a repository on this host),
+        by copying the objects a push would send and one `update-ref` (`objects.copy_new`):
+        True when done; False where a push must do it (the branch is not here yet, `sha` is
+        not a fast-forward of it, an object is packed, or the branch moved meanwhile)."""
+        check_branch_name(branch)
+        check_sha(sha)
+        bare = Path(self.remote_url(project))
+        ref = f"refs/heads/{branch}"
+        old = self.git.ref_tips(bare, ref).get(ref)
+        if old is None:
+            return False
+        if old == sha:
+            return True
+        if not self.git.ok(["merge-base", "--is-ancestor", old, sha], mirror):
+            return False
+        if not objects.copy_new(self.git, mirror, bare, sha, old):
+            return False
+        try:
+            self.git.run(["update-ref", ref, sha, old], bare)
+        except GitFailed:
+            return False
+        if upkeep.due(bare):
+            self.git.maintain(bare)
         return True
 
     def _sha(self, bare: Path, branch: str) -> str | None:

@@ -105,8 +105,14 @@ def publish(
     title: str,
     body: str,
 ) -> PullRequest:
-    """Push the cycle's branch to the forge's remote and open (or find) its pull request."""
-    git_work.push(branch, forge.remote_url(project), allowed=_allowed(cycle_id))
+    """Bring the cycle's branch to the forge and open (or find) its pull request. Where the
+    forge is on this host and holds the branch already (a sweep's, placed at its base), it
+    takes the new commits without a push (`Forge.take_branch`); else a push."""
+    allowed, sha = _allowed(cycle_id), git_work.tip(branch)
+    if sha != branch.base_sha:  # checked as the push checks it, before the forge has it
+        git_work.check_protected(branch, ref=sha, allowed=allowed)
+    if not forge.take_branch(project, branch.mirror, branch.branch, sha):
+        git_work.push(branch, forge.remote_url(project), allowed=allowed)
     return forge.open_pull_request(project, branch.branch, branch.base, title, body)
 
 

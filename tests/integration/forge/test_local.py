@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -232,3 +233,72 @@ def test_moved_base_that_conflicts_is_reported(
     assert not outcome.merged and "does not merge cleanly" in outcome.reason
     assert forge.get_pull_request(project, pr.number).state == "open"
     assert "does not merge cleanly" in forge.comments(project, pr.number)[-1]
+
+
+def sweep_results(
+    work: GitWork, forge: LocalForge, project: ProjectRef, cycle: str
+) -> tuple[CycleBranch, str]:
+    """A sweep's cycle as far as its publish: the branch placed on the forge at its base (as
+    prepare places it), the results committed on it in the mirror."""
+    wt = work.start_branch(project.name, forge.remote_url(project), "main", cycle, "sweep")
+    assert forge.place_branch(project, wt.branch, wt.base_sha)
+    context = ReportContext(
+        cycle_id=cycle,
+        project=project.name,
+        hypothesis="A sweep point",
+        changes="",
+        reproduce="autopilot cycle rerun x",
+        base_sha=wt.base_sha,
+    )
+    return wt, service.commit_results(work, wt, harness_result(), context)
+
+
+def test_a_sweeps_results_reach_the_forge_without_a_push(
+    work: GitWork,
+    forge: LocalForge,
+    project: ProjectRef,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wt, sha = sweep_results(work, forge, project, "5eed0001")
+
+    def no_push(*_: object, **__: object) -> str:
+        raise AssertionError("pushed")
+
+    monkeypatch.setattr(work, "push", no_push)
+    pr = service.publish(work, forge, project, wt, "5eed0001", title="Sweep", body="body")
+    bare = settings.state_dir.absolute() / "forge" / "spectral.git"
+    assert pr.head_sha == sha == git(bare, "rev-parse", wt.branch)
+    git(bare, "fsck", "--strict", "--no-dangling")  # every object the tip reaches is there
+    assert "results/5eed0001/REPORT.md" in git(bare, "ls-tree", "-r", "--name-only", sha)
+    assert forge.take_branch(project, wt.mirror, wt.branch, sha)  # there already: done
+
+
+def test_a_branch_the_copy_cannot_take_is_pushed(
+    work: GitWork, forge: LocalForge, project: ProjectRef, settings: Settings
+) -> None:
+    bare = settings.state_dir.absolute() / "forge" / "spectral.git"
+    # Packed by the mirror's upkeep: no loose object to copy.
+    wt, sha = sweep_results(work, forge, project, "5eed0002")
+    git(wt.mirror, "repack", "-a", "-d", "-q")
+    git(wt.mirror, "prune-packed")
+    assert not forge.take_branch(project, wt.mirror, wt.branch, sha)
+    service.publish(work, forge, project, wt, "5eed0002", title="Sweep", body="")
+    assert git(bare, "rev-parse", wt.branch) == sha
+    # A loose object whose content is not what its name says is not copied (git checks an
+    # object against its name as it receives it; so does the copy).
+    wt, sha = sweep_results(work, forge, project, "5eed0003")
+    blob = git(wt.mirror, "rev-parse", f"{sha}:results/5eed0003/REPORT.md")
+    loose = wt.mirror / "objects" / blob[:2] / blob[2:]
+    loose.chmod(0o644)
+    loose.write_bytes(zlib.compress(b"blob 4\0evil"))
+    assert not forge.take_branch(project, wt.mirror, wt.branch, sha)
+    assert not (bare / "objects" / blob[:2] / blob[2:]).exists()
+    assert git(bare, "rev-parse", wt.branch) == wt.base_sha  # the branch did not move
+    # Not a fast-forward of the forge's branch; and a branch the forge does not have.
+    tree = git(wt.mirror, "rev-parse", f"{wt.base_sha}^{{tree}}")
+    orphan = git(wt.mirror, "commit-tree", tree, "-m", "no parent")
+    assert not forge.take_branch(project, wt.mirror, wt.branch, orphan)
+    wt4, sha4 = sweep_results(work, forge, project, "5eed0004")
+    git(bare, "update-ref", "-d", f"refs/heads/{wt4.branch}")
+    assert not forge.take_branch(project, wt4.mirror, wt4.branch, sha4)
