@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -85,11 +86,12 @@ def _idempotency_key(request: Request) -> str | None:
     response_model=CycleOut,
     openapi_extra={"parameters": [_IDEMPOTENCY_KEY_DOC]},
 )
-def trigger_cycle(body: CycleCreate, request: Request, token: TriggerToken) -> Response:
+async def trigger_cycle(body: CycleCreate, request: Request, token: TriggerToken) -> Response:
     # The hot route (issue 18): app state and the optional header are read off the request
     # rather than through a dependency each, and the answer is serialised once, here (FastAPI
     # would validate the returned model against `response_model` again); the docs keep the
-    # declared model and header.
+    # declared model and header. The unit of work runs on the store's writer
+    # (`Stores.run_write`), off the event loop.
     idempotency_key = _idempotency_key(request)
     settings, stores = get_settings(request), get_stores(request)
     key, request_hash = (
@@ -97,23 +99,18 @@ def trigger_cycle(body: CycleCreate, request: Request, token: TriggerToken) -> R
         if idempotency_key
         else (None, None)
     )
-    with stores.ops_write_session() as session:
-        cycle, created = service.create(
-            session,
-            service.Trigger(
-                project=body.project,
-                agent=body.agent,
-                experiment=body.experiment,
-                parameters=dict(body.parameters) if body.parameters else None,
-                changed_hypothesis=body.changed_hypothesis,
-                idempotency_key=key,
-                request_hash=request_hash,
-            ),
-            max_live=settings.max_live_cycles_per_project,
-            key_ttl_s=settings.idempotency_ttl_s,
-        )
-        # A new cycle has no job yet: only a replayed one is looked up.
-        out = _one(session, cycle) if not created else _out(cycle, {})
+    trigger = service.Trigger(
+        project=body.project,
+        agent=body.agent,
+        experiment=body.experiment,
+        parameters=dict(body.parameters) if body.parameters else None,
+        changed_hypothesis=body.changed_hypothesis,
+        idempotency_key=key,
+        request_hash=request_hash,
+    )
+    out, created = await stores.run_write(
+        functools.partial(_record_trigger, stores, settings, trigger)
+    )
     if created:
         # After the commit; sent by the coalescer's thread, one message per burst: the caller
         # does not wait on the broker. One lost (the process dies first) the reaper rings again.
@@ -123,6 +120,21 @@ def trigger_cycle(body: CycleCreate, request: Request, token: TriggerToken) -> R
         status_code=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         media_type="application/json",
     )
+
+
+def _record_trigger(
+    stores: Stores, settings: Settings, trigger: service.Trigger
+) -> tuple[CycleOut, bool]:
+    """The trigger's one unit of work: the cycle recorded (or the replayed one found)."""
+    with stores.ops_write_session() as session:
+        cycle, created = service.create(
+            session,
+            trigger,
+            max_live=settings.max_live_cycles_per_project,
+            key_ttl_s=settings.idempotency_ttl_s,
+        )
+        # A new cycle has no job yet: only a replayed one is looked up.
+        return (_one(session, cycle) if not created else _out(cycle, {})), created
 
 
 @router.get("", response_model=list[CycleOut])
