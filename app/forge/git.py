@@ -37,6 +37,7 @@ from app.forge.gitrunner import (
     check_url,
     fetch_failure,
     github_git_prefix,
+    local_path,
     repo_lock,
     single_flight,
 )
@@ -117,6 +118,8 @@ class GitWork:
             if branch is None
             else f"+refs/heads/{check_branch_name(branch)}:{REMOTE_PREFIX}{branch}"
         )
+        if branch is not None and self._unmoved(mirror, url, branch):
+            return mirror
         with single_flight(mirror, f"{url} {refspec}") as needed:
             if not needed:  # a fetch that began after this call asked has just finished
                 return mirror
@@ -140,6 +143,20 @@ class GitWork:
             except GitFailed as exc:
                 raise fetch_failure(exc, url, branch) from None
         return mirror
+
+    def _unmoved(self, mirror: Path, url: str, branch: str) -> bool:
+        """Whether `branch` of a repository on this host (the local forge) is where this
+        mirror's last fetch of it left it: two ref reads, where a fetch that brings nothing
+        was ~17 ms of CPU in five processes, once a plan."""
+        source = local_path(url)
+        if source is None or not (mirror / "HEAD").exists():
+            return False
+        ref, tracking = f"refs/heads/{branch}", f"{REMOTE_PREFIX}{branch}"
+        try:
+            there = self.git.ref_tips(source, ref).get(ref)
+            return there is not None and self.git.ref_tips(mirror, tracking).get(tracking) == there
+        except GitFailed:
+            return False  # not a repository (yet): the fetch says what is wrong
 
     def read_at(self, project: str, url: str, branch: str, path: str) -> tuple[str, str | None]:
         """Fetch the project's mirror from `url`, then read `path` at the tip of `branch`:

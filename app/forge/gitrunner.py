@@ -215,7 +215,7 @@ def _command(args: Sequence[str]) -> str:
     return str(args[i]) if i < len(args) else ""
 
 
-def _local_path(url: str | None) -> Path | None:
+def local_path(url: str | None) -> Path | None:
     """The repository a push to `url` writes on this host, or None for a remote one."""
     if url is None:
         return None
@@ -328,7 +328,7 @@ class GitRunner:
         written: Path | None = None
         if _command(args) == "fetch":
             args, written = ["-c", "maintenance.auto=false", *args], Path(cwd)
-        elif args and args[0] == "push" and (written := _local_path(url)) is not None:
+        elif args and args[0] == "push" and (written := local_path(url)) is not None:
             args = ["push", f"--receive-pack={_RECEIVE_PACK}", *args[1:]]
         try:
             done = subprocess.run(  # noqa: S603 - argv list, names checked before they get here

@@ -188,8 +188,10 @@ class LocalForge:
             return False
         if old == sha:
             return True
-        if not self.git.ok(["merge-base", "--is-ancestor", old, sha], mirror):
-            return False
+        if old not in (objects.parents(mirror, sha) or ()) and not self.git.ok(
+            ["merge-base", "--is-ancestor", old, sha], mirror
+        ):
+            return False  # not a fast-forward
         if not objects.copy_new(self.git, mirror, bare, sha, old):
             return False
         try:

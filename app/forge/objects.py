@@ -46,6 +46,28 @@ def copy_new(git: GitRunner, source: Path, dest: Path, new: str, old: str) -> bo
     return True
 
 
+def parents(source: Path, sha: str) -> list[str] | None:
+    """The parents of commit `sha`, read from its loose object in `source` (checked against
+    its name); None where it is not a loose commit there. A fast-forward onto a branch whose
+    tip is a parent needs no `merge-base` process."""
+    try:
+        data = (source / "objects" / sha[:2] / sha[2:]).read_bytes()
+    except FileNotFoundError:
+        return None
+    if not _named_by(data, sha):
+        return None
+    header, _, body = zlib.decompress(data).partition(b"\0")
+    if not header.startswith(b"commit "):
+        return None
+    found = []
+    for line in body.split(b"\n"):
+        if not line.startswith(b"tree ") and not line.startswith(b"parent "):
+            break  # the parents follow the tree line, before the author
+        if line.startswith(b"parent "):
+            found.append(line[7:].decode())
+    return found
+
+
 def _named_by(data: bytes, oid: str) -> bool:
     """Whether a loose object's file holds the object its name says (git's own check)."""
     digest = _HASHES.get(len(oid))

@@ -302,3 +302,27 @@ def test_a_branch_the_copy_cannot_take_is_pushed(
     wt4, sha4 = sweep_results(work, forge, project, "5eed0004")
     git(bare, "update-ref", "-d", f"refs/heads/{wt4.branch}")
     assert not forge.take_branch(project, wt4.mirror, wt4.branch, sha4)
+
+
+def test_a_plan_reads_an_unmoved_base_without_fetching_it_again(
+    work: GitWork,
+    forge: LocalForge,
+    project: ProjectRef,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = forge.remote_url(project)
+    sha, text = work.read_at(project.name, url, "main", "autopilot.toml")
+    commands: list[str] = []
+    run_bytes = work.git.run_bytes
+
+    def seen(args: list[str], cwd: Path, **options: object) -> bytes:
+        commands.append(next(a for a in args if not a.startswith("-") and "=" not in a))
+        return run_bytes(args, cwd, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(work.git, "run_bytes", seen)
+    assert work.read_at(project.name, url, "main", "autopilot.toml") == (sha, text)
+    assert "fetch" not in commands  # the forge's main is where the last fetch left it
+    moved = commit_to(Path(url), tmp_path, "main", "autopilot.toml", text + "\n# moved\n")
+    assert work.read_at(project.name, url, "main", "autopilot.toml")[0] == moved != sha
+    assert "fetch" in commands
