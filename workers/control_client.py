@@ -5,17 +5,21 @@ the ops DB while the job runs is cut here from the log file (`tail_text`)."""
 from __future__ import annotations
 
 import functools
+import logging
 import ssl
 from pathlib import Path
 
 import httpx
 
 from app.client import problem_detail, without_token
+from app.forge import ls_refs
 from app.jobs.logs import tail_text
 from app.jobs.paths import LOG_TAIL_BYTES
 from app.settings import Settings, redact_text
 
-__all__ = ["LOG_TAIL_BYTES", "LogUploadFailed", "tail_text", "upload_log"]
+__all__ = ["LOG_TAIL_BYTES", "LogUploadFailed", "branch_unmoved", "tail_text", "upload_log"]
+
+log = logging.getLogger(__name__)
 
 # The route of app.jobs.router (LOG_ROUTE) under the API's prefix (app.api.main.API_PREFIX),
 # written out: importing the API application would load all of it into every GPU worker. The
@@ -30,6 +34,33 @@ def _tls() -> ssl.SSLContext:
     """The TLS settings httpx would build for each request (its CA bundle read and parsed:
     about 20 ms of CPU, once per job otherwise), built once; an SSLContext is shared safely."""
     return httpx.create_ssl_context()
+
+
+@functools.cache
+def _client() -> httpx.Client:
+    """One client for this process's requests to the control host: its connections are kept
+    alive between jobs (a client a request cost ~1.5 ms of CPU and a new connection)."""
+    return httpx.Client(verify=_tls(), follow_redirects=False)
+
+
+def control_token(settings: Settings, url: str) -> str | None:
+    """The worker token, for a URL of the control host only (another host never sees it)."""
+    token = settings.control_token.get_secret_value() if settings.control_token else ""
+    return token if token and url.startswith(settings.control_url.rstrip("/") + "/") else None
+
+
+def branch_unmoved(settings: Settings, url: str, branch: str, sha: str) -> bool:
+    """Whether `branch` of the control host's forge at `url` still points at `sha`: one
+    `ls-refs` request (`app/forge/ls_refs.py`). False on any doubt: the caller fetches."""
+    token = control_token(settings, url)
+    if token is None:
+        return False
+    try:
+        tip = ls_refs.branch_tip(_client(), url, branch, {"Authorization": f"Bearer {token}"})
+    except ls_refs.TipUnknown as exc:
+        log.info("the forge's tip of %s was not answered (%s): fetching", branch, exc)
+        return False
+    return tip == sha
 
 
 class LogUploadFailed(Exception):
@@ -51,7 +82,7 @@ def upload_log(
         )
     try:
         with open(path, "rb") as body:
-            response = httpx.put(
+            response = _client().put(
                 url,
                 content=body,
                 headers={
@@ -59,7 +90,6 @@ def upload_log(
                     "Content-Type": "application/octet-stream",
                 },
                 timeout=timeout,
-                verify=_tls(),
             )
     except FileNotFoundError:
         raise LogUploadFailed(f"cannot upload {where}: {path} does not exist") from None

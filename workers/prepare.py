@@ -31,7 +31,7 @@ from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects import service as projects
 from app.settings import Settings, redact_text
-from workers import command_runs
+from workers import command_runs, control_client
 from workers.launcher import confine, guard, runtime, venv, venv_progress
 from workers.launcher.launch import LaunchSpec
 from workers.reaper import ring_cycle
@@ -301,14 +301,22 @@ def export(settings: Settings, job_id: int, source: _Source, dest: Path | None =
     bytecode, nothing a previous run or preparation left: an export is made afresh) under this
     host's state dir."""
     work = GitWork(settings)
-    cache, sha = mirror.fetch_commit(
-        work,
-        source.project,
-        source.repo,
-        source.ref,
-        source.head_sha,
-        extra_env=control_auth(settings, source.repo),
-    )
+    sha = source.head_sha
+    if (
+        sha is not None
+        and mirror.holds(work, source.project, sha)
+        and control_client.branch_unmoved(settings, source.repo, source.ref, sha)
+    ):  # held here, and still the branch's tip on the forge: a fetch would bring nothing
+        cache = work.mirror_path(source.project)
+    else:
+        cache, sha = mirror.fetch_commit(
+            work,
+            source.project,
+            source.repo,
+            source.ref,
+            source.head_sha,
+            extra_env=control_auth(settings, source.repo),
+        )
     dest = dest or paths.source_dir(settings, job_id)
     if dest.exists():
         shutil.rmtree(dest)
@@ -318,10 +326,10 @@ def export(settings: Settings, job_id: int, source: _Source, dest: Path | None =
 def control_auth(settings: Settings, url: str) -> dict[str, str]:
     """The worker token as an HTTP header for the control host's URLs only (git's
     `http.<url>.extraHeader`): another host never sees it, and it is in no argv or file."""
-    token = settings.control_token.get_secret_value() if settings.control_token else ""
-    base = settings.control_url.rstrip("/") + "/"
-    if not token or not url.startswith(base):
+    token = control_client.control_token(settings, url)
+    if token is None:
         return {}
+    base = settings.control_url.rstrip("/") + "/"
     return {  # no redirect: git would send the header on to the new host
         "GIT_CONFIG_COUNT": "2",
         "GIT_CONFIG_KEY_0": f"http.{base}.extraHeader",

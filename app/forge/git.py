@@ -25,6 +25,7 @@ from app.forge import protected
 from app.forge.exceptions import (
     AgentWorkRefused,
     BaseBranchMissing,
+    FetchFailed,
     GitFailed,
     InvalidRef,
     MergeConflict,
@@ -104,13 +105,10 @@ class GitWork:
         return self.repos_dir / f"{project}.git"
 
     def fetch(self, project: str, url: str, branch: str | None = None) -> Path:
-        """Create the project's mirror if needed and bring its remote branches up to date; only
-        `branch` when one is named (a plan reads its base alone: a forge holds a branch per
-        cycle, and listing them all made every plan's fetch grow with the cycles run).
-
-        Concurrent calls for one mirror share a fetch (`single_flight`): a caller waiting on
-        the lock returns as soon as a fetch of the same branches that began after it asked has
-        finished. A named branch missing from the remote raises BaseBranchMissing."""
+        """Create the project's mirror if needed and bring its remote branches (or `branch`
+        alone: a forge holds a branch per cycle) up to date; a named branch missing from the
+        remote raises BaseBranchMissing. Concurrent calls for one mirror share a fetch of the
+        same branches that began after they asked (`single_flight`)."""
         check_url(url)
         mirror = self.mirror_path(project)
         refspec = (
@@ -145,9 +143,8 @@ class GitWork:
         return mirror
 
     def _unmoved(self, mirror: Path, url: str, branch: str) -> bool:
-        """Whether `branch` of a repository on this host (the local forge) is where this
-        mirror's last fetch of it left it: two ref reads, where a fetch that brings nothing
-        was ~17 ms of CPU in five processes, once a plan."""
+        """Whether `branch` of a repository on this host (the local forge) is where this mirror's
+        last fetch left it: two ref reads, where a fetch bringing nothing was five processes."""
         source = local_path(url)
         if source is None or not (mirror / "HEAD").exists():
             return False
@@ -168,13 +165,11 @@ class GitWork:
         )
         try:
             mirror = self.fetch(project, url, branch)
-        except BaseBranchMissing:
-            raise missing from None
-        try:
-            sha = self.git.run(
-                ["rev-parse", "--verify", "--quiet", f"{REMOTE_PREFIX}{branch}^{{commit}}"], mirror
-            )
-        except GitFailed:
+            tip = f"{REMOTE_PREFIX}{branch}^{{commit}}"
+            sha = self.git.run(["rev-parse", "--verify", "--quiet", tip], mirror)
+        except FetchFailed:
+            raise
+        except (GitFailed, BaseBranchMissing):
             raise missing from None
         return sha, self.show(project, sha, path)
 

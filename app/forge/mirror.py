@@ -67,6 +67,14 @@ def fetch_commit(
     return mirror, sha
 
 
+def holds(work: GitWork, project: str, sha: str) -> bool:
+    """Whether the project's mirror on this host holds commit `sha`."""
+    cache = work.mirror_path(project)
+    if not _SHA.fullmatch(sha) or not (cache / "HEAD").exists():
+        return False
+    return work.git.ok(["cat-file", "-e", f"{sha}^{{commit}}"], cache)
+
+
 def _bytecode(name: str) -> bool:
     parts = name.split("/")
     return "__pycache__" in parts or name.endswith((".pyc", ".pyo"))

@@ -13,16 +13,20 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from app.api.main import create_app
 from app.db import Stores
+from app.forge import ls_refs, mirror
 from app.forge.base import ProjectRef
+from app.forge.exceptions import InvalidRef
 from app.forge.local import LocalForge
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.integration.forge.gitrepo import commit_to, git, make_origin
 from tests.support import bearer, served
+from workers import prepare
 
 BRANCH = "autopilot/spectral/c0ffee01-fuse"
 REFS = "/git/spectral.git/info/refs?service=git-upload-pack"
@@ -284,3 +288,57 @@ def test_upload_pack_answers_a_pack_gzipped_or_not(
     assert response.headers["content-type"] == "application/x-git-upload-pack-result"
     assert response.content.startswith(b"0008NAK\n")
     assert b"PACK" in response.content[:64]
+
+
+def test_a_branch_tip_is_one_ls_refs_request(forge: Forge, server: str) -> None:
+    """What a GPU host asks before a job whose commit it holds (`app/forge/ls_refs.py`)."""
+    url = f"{server}/git/spectral.git"
+    worker = bearer(forge.tokens["worker"])
+    with httpx.Client() as client:
+        assert ls_refs.branch_tip(client, url, BRANCH, worker) == forge.branch_sha
+        assert ls_refs.branch_tip(client, url, "main", worker) == forge.main_sha
+        assert ls_refs.branch_tip(client, url, "autopilot/spectral", worker) is None  # a prefix
+        assert ls_refs.branch_tip(client, url, "no-such-branch", worker) is None
+        with pytest.raises(ls_refs.TipUnknown, match="HTTP 401"):
+            ls_refs.branch_tip(client, url, "main", {})
+        with pytest.raises(ls_refs.TipUnknown, match="HTTP 403"):
+            ls_refs.branch_tip(client, url, "main", bearer(forge.tokens["trigger"]))
+        with pytest.raises(ls_refs.TipUnknown, match="HTTP 404"):
+            ls_refs.branch_tip(client, f"{server}/git/nothing.git", "main", worker)
+
+
+def test_a_gpu_host_fetches_a_held_commit_only_when_its_branch_moved(
+    forge: Forge, server: str, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        state_dir=tmp_path / "gpu-host",
+        control_url=server,
+        control_token=SecretStr(forge.tokens["worker"]),
+    )
+    source = prepare._Source(
+        project="spectral",
+        repo=f"{server}/git/spectral.git",
+        ref=BRANCH,
+        head_sha=forge.branch_sha,
+        experiment="probe",
+        queue="gpu.cpu",
+    )
+    first = prepare.export(host, 1, source)
+    fetches: list[str] = []
+    fetch_commit = mirror.fetch_commit
+
+    def counted(*args: object, **kwargs: object) -> tuple[Path, str]:
+        fetches.append("fetch")
+        return fetch_commit(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mirror, "fetch_commit", counted)
+    second = prepare.export(host, 2, source)
+    assert fetches == []  # held, and still the branch's tip: one ls-refs request, no fetch
+    assert (second / "src" / "kernel.py").read_text() == (first / "src" / "kernel.py").read_text()
+    # The branch is rewritten on the forge: the held commit is no longer on it, and the job
+    # is refused as before (the fetch's own check).
+    git(forge.bare, "update-ref", f"refs/heads/{BRANCH}", forge.main_sha)
+    with pytest.raises(InvalidRef, match="is no longer on branch"):
+        prepare.export(host, 3, source)
+    assert fetches == ["fetch"]
