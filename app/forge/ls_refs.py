@@ -29,8 +29,8 @@ def branch_tip(
     client: httpx.Client, url: str, branch: str, headers: Mapping[str, str]
 ) -> str | None:
     """The commit `branch` of the repository at `url` (`.../<name>.git`) points at, or None
-    where it has no such branch. Raises TipUnknown for any other answer, the HTTP error's
-    text redacted by the caller's choice of what to log."""
+    where it has no such branch. Raises TipUnknown for any other answer (its message is
+    the status or the error's type: never a header, so never the token)."""
     check_branch_name(branch)
     ref = f"refs/heads/{branch}"
     body = pkt(b"command=ls-refs\n") + b"0001" + pkt(f"ref-prefix {ref}\n".encode()) + b"0000"

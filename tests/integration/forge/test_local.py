@@ -42,6 +42,19 @@ def work(settings: Settings) -> GitWork:
     return GitWork(settings, push_attempts=2, push_backoff_s=0.01)
 
 
+def report_context(
+    project: ProjectRef, wt: CycleBranch, cycle: str, hypothesis: str, changes: str
+) -> ReportContext:
+    return ReportContext(
+        cycle_id=cycle,
+        project=project.name,
+        hypothesis=hypothesis,
+        changes=changes,
+        reproduce="autopilot cycle rerun x",
+        base_sha=wt.base_sha,
+    )
+
+
 def run_cycle(
     work: GitWork,
     forge: LocalForge,
@@ -53,14 +66,7 @@ def run_cycle(
     if work.tip(wt) == wt.base_sha:  # the agent ran once (the plan step is not repeated)
         bundle = agent_change(work, wt, work.repos_dir.parent, {"src/kernel.py": change})
         work.take_agent_work(wt, bundle)
-    context = ReportContext(
-        cycle_id=cycle,
-        project=project.name,
-        hypothesis="Fusing halves time",
-        changes="kernel uses an add",
-        reproduce="autopilot cycle rerun x",
-        base_sha=wt.base_sha,
-    )
+    context = report_context(project, wt, cycle, "Fusing halves time", "kernel uses an add")
     sha = service.commit_results(work, wt, harness_result(), context)
     pr = service.publish(work, forge, project, wt, cycle, title="Fuse", body="body")
     return wt, sha, pr
@@ -242,14 +248,7 @@ def sweep_results(
     prepare places it), the results committed on it in the mirror."""
     wt = work.start_branch(project.name, forge.remote_url(project), "main", cycle, "sweep")
     assert forge.place_branch(project, wt.branch, wt.base_sha)
-    context = ReportContext(
-        cycle_id=cycle,
-        project=project.name,
-        hypothesis="A sweep point",
-        changes="",
-        reproduce="autopilot cycle rerun x",
-        base_sha=wt.base_sha,
-    )
+    context = report_context(project, wt, cycle, "A sweep point", "")
     return wt, service.commit_results(work, wt, harness_result(), context)
 
 
