@@ -1,5 +1,4 @@
-"""Git work for a cycle: a mirror per project, a branch per cycle, commits made from objects,
-pushes.
+"""Git work for a cycle: a mirror per project, a branch per cycle, commits from objects, pushes.
 
 The control host never works in a tree that untrusted code could write (DESIGN.md, "Hosts and
 boundaries"): a cycle's branch lives in the project's mirror; the agent's work comes back as a
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from app.forge import protected
+from app.forge import protected, refstore
 from app.forge.exceptions import (
     AgentWorkRefused,
     BaseBranchMissing,
@@ -257,6 +256,7 @@ class GitWork:
         `tip()` needs no git. (A cycle's branch moves only through its one advancer, and a step
         uses one GitWork, so what it wrote last is what the branch holds.)"""
         self._tips[(branch.mirror, branch.ref)] = tip
+        refstore.remember(tip)  # a branch holds a commit: git refuses anything else there
         return branch
 
     def tip(self, branch: CycleBranch) -> str:

@@ -13,10 +13,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -28,6 +30,7 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from app.errors import AutopilotError
+from app.forge import refstore
 from app.forge.exceptions import (
     BaseBranchMissing,
     FetchFailed,
@@ -51,6 +54,13 @@ SAFE_CONFIG = (
 )
 #: What git may see of the service's environment (no secret is among them).
 _ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SSH_AUTH_SOCK")
+
+
+@functools.lru_cache(maxsize=8)
+def git_program(path: str | None) -> str:
+    """git's full path on the PATH it is given, looked up once: a bare `git` has every call
+    search PATH (a failed exec per directory before git's, and the search in Python)."""
+    return shutil.which("git", path=path) or "git"
 
 
 def check_url(url: str) -> str:
@@ -332,7 +342,7 @@ class GitRunner:
             args = ["push", f"--receive-pack={_RECEIVE_PACK}", *args[1:]]
         try:
             done = subprocess.run(  # noqa: S603 - argv list, names checked before they get here
-                ["git", *args],  # noqa: S607 - git from PATH
+                [git_program(env.get("PATH")), *args],
                 cwd=cwd,
                 env=env,
                 input=stdin,
@@ -370,7 +380,10 @@ class GitRunner:
     def ref_tips(self, cwd: Path, *refs: str) -> dict[str, str]:
         """The commits full refs (`refs/heads/x`) point at, by ref; a ref that does not exist
         is left out. One git for all of them, where a `rev-parse --verify` a ref took one
-        each (a step checks that its branch exists and reads its tip, and the base's)."""
+        each (a step checks that its branch exists and reads its tip, and the base's). Read
+        from the repository's files where they answer for certain (`refstore`), else by git."""
+        if (read := refstore.tips(cwd, refs)) is not None:
+            return read
         listed = self.run(
             ["for-each-ref", "--format=%(objectname) %(objecttype) %(refname)", *refs], cwd
         )
@@ -382,6 +395,7 @@ class GitRunner:
             if kind != "commit":  # an annotated tag under a branch's name: its commit
                 sha = self.run(["rev-parse", "--verify", f"{name}^{{commit}}"], cwd)
             tips[name] = sha
+        refstore.remember(*tips.values())
         return tips
 
     def ok(self, args: Sequence[str], cwd: Path) -> bool:

@@ -35,6 +35,7 @@ from app.forge.exceptions import (
     ForgeReadOnly,
     ForgeRepositoryNotFound,
 )
+from app.forge.gitrunner import git_program
 from app.forge.local import HTTP_PREFIX, LocalForge
 from app.projects import service as ops
 from app.projects.schemas import check_slug
@@ -205,7 +206,7 @@ class BackendRun:
     def __init__(self, target: Target, env: dict[str, str], body: bytes) -> None:
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed in finish()
         self.process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-            ["git", *GIT_SAFETY, "http-backend"],  # noqa: S607 - found on the fixed CGI_PATH
+            [git_program(CGI_PATH), *GIT_SAFETY, "http-backend"],
             cwd=target.root,
             env=env,
             stdin=subprocess.PIPE,

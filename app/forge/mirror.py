@@ -15,7 +15,13 @@ from pathlib import Path
 
 from app.forge.exceptions import GitFailed, InvalidRef
 from app.forge.git import REMOTE_PREFIX, GitWork
-from app.forge.gitrunner import check_branch_name, check_url, fetch_failure, repo_lock
+from app.forge.gitrunner import (
+    check_branch_name,
+    check_url,
+    fetch_failure,
+    git_program,
+    repo_lock,
+)
 
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 
@@ -94,12 +100,13 @@ def export(work: GitWork, mirror: Path, sha: str, dest: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     # argv only, a validated sha: GitPython cannot hand its stdout over as a stream
+    path = os.environ.get("PATH", "")
     with subprocess.Popen(  # noqa: S603
-        ["git", "archive", "--format=tar", sha],  # noqa: S607
+        [git_program(path), "archive", "--format=tar", sha],
         cwd=mirror,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**work.git.env(), "GIT_DIR": str(mirror), "PATH": os.environ.get("PATH", "")},
+        env={**work.git.env(), "GIT_DIR": str(mirror), "PATH": path},
     ) as archive:
         assert archive.stdout is not None
         with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:

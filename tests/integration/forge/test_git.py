@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from pydantic import SecretStr
 from app.agents import workspace
 from app.agents.workspace import Workspace
 from app.forge import git as gitmod
+from app.forge import refstore
 from app.forge.exceptions import (
     AgentWorkRefused,
     BaseBranchMissing,
@@ -354,7 +356,8 @@ def test_git_upkeep_runs_once_per_so_many_writes_not_after_each(
 def test_a_step_reads_its_branch_tip_with_one_git(
     work: GitWork, origin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A later step's branch (its base recorded) costs one git, its tip none more, and a
+    """A later step's branch (its base recorded) costs one git in a process that has not seen
+    its tip yet and none once it has (read from the mirror's files); its tip none more; and a
     commit moves the tip it remembers."""
     first = work.start_branch("spectral", str(origin), "main", "c0ffee01", "tips")
     sha = work.commit_files(first, {"results/c0ffee01/r.json": b"{}\n"}, "r", allowed=RESULTS)
@@ -366,12 +369,17 @@ def test_a_step_reads_its_branch_tip_with_one_git(
         return real(self, args, *a, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(GitRunner, "run_bytes", counted)
+    monkeypatch.setattr(refstore, "_commits", OrderedDict())  # a process that did not commit it
     later = GitWork(plain_settings(tmp_path))  # the next step's own
     branch = later.start_branch(
         "spectral", str(origin), "main", "c0ffee01", "tips", base_sha=first.base_sha
     )
     assert branch == first and later.tip(branch) == sha
     assert calls == ["for-each-ref"]
+    again = GitWork(plain_settings(tmp_path)).start_branch(
+        "spectral", str(origin), "main", "c0ffee01", "tips", base_sha=first.base_sha
+    )
+    assert again == first and calls == ["for-each-ref"]
     files = {"results/c0ffee01/r.json": b"[]\n"}
     moved = later.commit_files(branch, files, "again", allowed=RESULTS)
     assert later.tip(branch) == moved == git(branch.mirror, "rev-parse", branch.branch) != sha

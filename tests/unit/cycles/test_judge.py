@@ -306,3 +306,37 @@ def test_a_report_with_too_many_comparisons_is_not_judged() -> None:
     ]
     with pytest.raises(Unjudgeable, match="comparisons"):
         judge(result, SPEC)
+
+
+def test_a_result_is_judged_once_and_each_caller_gets_its_own_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Analyze, commit and publish each judge the same job: the bootstraps run once."""
+    from app.cycles import judge as judge_module
+
+    made: list[int] = []
+    fresh = judge_module._judgement
+
+    def counted(result: Any, spec: Any) -> dict[str, Any]:
+        made.append(1)
+        return fresh(result, spec)
+
+    monkeypatch.setattr(judge_module, "_judgement", counted)
+    monkeypatch.setattr(judge_module, "_MADE", type(judge_module._MADE)())
+    result = harness_result({"fused": 0.7, "slow": 1.4})
+    first = judge(result, SPEC)
+    first["verdict"] = "tampered"  # a caller's change stays its own
+    first["comparisons"][0]["ratio"] = -1.0
+    second = judge(copy.deepcopy(result), SPEC)
+    assert len(made) == 1
+    assert second == fresh(result, SPEC)
+    # Another seed, or another result, is another judgement.
+    judge(result, {**SPEC, "seed": 8})
+    judge(harness_result({"fused": 0.9}), SPEC)
+    assert len(made) == 3
+    # What cannot be judged is not kept: it raises on every call.
+    with pytest.raises(Unjudgeable):
+        judge(result, {"seed": 7})
+    with pytest.raises(Unjudgeable):
+        judge(result, {"seed": 7})
+    assert len(made) == 5
