@@ -32,10 +32,13 @@ def build_context(
     with stores.memory_session() as msession:
         related = memory_agents.agent_findings(msession, name, config.agent.goal or name)
         judged = memory_agents.judged_points(msession, name)
+        # Read at once: the sweep walks past every covered point before its proposal, and a
+        # query for each judged one made a plan's reads grow with the project's history.
+        repeats = memory_agents.judged_fingerprints(msession, name)
 
     def covered(experiment: str, parameters: dict[str, Any]) -> bool:
         fp = memory.fingerprint(name, experiment, parameters, gpu_kind)
-        if fp in live:
+        if fp in live or fp in repeats:
             return True
         with stores.memory_session() as msession:
             return memory.check_repeat(msession, fp) is not None

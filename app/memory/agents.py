@@ -20,6 +20,12 @@ def agent_findings(session: Session, project: str, text: str, k: int = 8) -> lis
     ]
 
 
+def judged_fingerprints(session: Session, project: str) -> set[str]:
+    """The fingerprints of the points of the project that reviewers have judged: a repeat of
+    any of them is covered (`service.check_repeat` says so for each one, a query apiece)."""
+    return repository.judged_fingerprints(session, project)
+
+
 def judged_points(session: Session, project: str, limit: int = 500) -> list[dict[str, Any]]:
     """The points of the project's parameter spaces that reviewers have judged: {finding,
     status, experiment, parameters, verdict, ratio}, newest first (the informed sweep and the

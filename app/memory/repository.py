@@ -84,6 +84,19 @@ def judged_verdicts(session: Session, project: str, limit: int) -> Sequence[Find
     ).all()
 
 
+def judged_fingerprints(session: Session, project: str) -> set[str]:
+    """The fingerprints of the project's reviewed verdicts (validated or refuted)."""
+    rows = session.scalars(
+        select(Finding.fingerprint).where(
+            Finding.project == project,
+            Finding.kind == "verdict",
+            Finding.status.in_(("validated", "refuted")),
+            Finding.fingerprint.is_not(None),
+        )
+    ).all()
+    return {fp for fp in rows if fp}
+
+
 def refuted(session: Session, project: str, limit: int) -> Sequence[Finding]:
     """The project's refuted findings, newest first."""
     return session.scalars(
