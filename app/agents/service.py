@@ -6,21 +6,22 @@ order and skips every point that memory has judged or that a live cycle is alrea
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from app import sandbox
-from app.agents import informed, presets, workspace
+from app.agents import grid, informed, presets, workspace
 from app.agents.exceptions import AgentFailed, NothingToPropose
+from app.agents.grid import points
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
-from app.projects.config import ProjectConfig
+from app.projects.config import Experiment, ProjectConfig
 
 __all__ = ["AgentFailed", "NothingToPropose"]
 
@@ -41,6 +42,11 @@ class Context:
     judged: list[dict[str, Any]] = field(default_factory=list)
     # True when memory or a live cycle already covers (experiment, parameters).
     is_covered: Callable[[str, dict[str, Any]], bool] = lambda _e, _p: False
+    # Fingerprints `is_covered` answers True for without asking anyone (the live cycles' and
+    # the judged points'), and how a point's fingerprint is made: given both, the sweep walks a
+    # space it walked before with a set lookup a point (`grid.py`).
+    covered: AbstractSet[str] = frozenset()
+    fingerprint: grid.Fingerprint | None = None
 
 
 @dataclass
@@ -73,23 +79,12 @@ class Agent(Protocol):
         """The next proposal, or None when there is nothing left worth testing."""
 
 
-def points(space: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
-    keys = list(space)
-    for values in itertools.product(*(space[k] for k in keys)):
-        yield dict(zip(keys, values, strict=True))
-
-
 class SweepAgent:
     name = "sweep"
 
     def propose(self, context: Context) -> Proposal | None:
         for experiment_name, experiment in context.config.experiments.items():
-            grid: Iterable[dict[str, Any]] = (
-                {**experiment.defaults, **p} for p in points(experiment.parameters)
-            )  # lazily: the first uncovered point ends the walk
-            if context.config.agent.order == "informed":
-                grid = informed.order(experiment_name, experiment.parameters, grid, context.judged)
-            for params in grid:
+            for params in self._walk(context, experiment_name, experiment):
                 point = {k: params[k] for k in experiment.parameters}
                 if context.is_covered(experiment_name, params):
                     continue
@@ -106,6 +101,27 @@ class SweepAgent:
                     expected="a verdict with a 95% confidence interval for this point",
                 )
         return None
+
+    @staticmethod
+    def _walk(context: Context, name: str, experiment: Experiment) -> Iterator[dict[str, Any]]:
+        """The experiment's points in the sweep's order, lazily (the first one not covered
+        ends the walk), past the ones `context.covered` holds without asking `is_covered`."""
+        if context.config.agent.order == "informed":
+            every = ({**experiment.defaults, **p} for p in points(experiment.parameters))
+            yield from informed.order(name, experiment.parameters, every, context.judged)
+            return
+        if context.fingerprint is None:
+            yield from ({**experiment.defaults, **p} for p in points(experiment.parameters))
+            return
+        kept = grid.grid(
+            context.project,
+            context.device_kind,
+            name,
+            experiment.parameters,
+            experiment.defaults,
+            context.fingerprint,
+        )
+        yield from kept.uncovered(context.covered)
 
 
 def validate(proposal: Proposal, config: ProjectConfig) -> Proposal:

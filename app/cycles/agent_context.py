@@ -36,14 +36,29 @@ def build_context(
         # query for each judged one made a plan's reads grow with the project's history.
         repeats = memory_agents.judged_fingerprints(msession, name)
 
+    def fingerprint(experiment: str, parameters: dict[str, Any]) -> str:
+        return memory.fingerprint(name, experiment, parameters, gpu_kind)
+
+    known = live | repeats
+
     def covered(experiment: str, parameters: dict[str, Any]) -> bool:
-        fp = memory.fingerprint(name, experiment, parameters, gpu_kind)
-        if fp in live or fp in repeats:
+        fp = fingerprint(experiment, parameters)
+        if fp in known:
             return True
         with stores.memory_session() as msession:
             return memory.check_repeat(msession, fp) is not None
 
-    return Context(name, gpu_kind, config, related, recent, judged, is_covered=covered)
+    return Context(
+        name,
+        gpu_kind,
+        config,
+        related,
+        recent,
+        judged,
+        is_covered=covered,
+        covered=known,
+        fingerprint=fingerprint,
+    )
 
 
 def _cycle(c: Any) -> dict[str, Any]:
