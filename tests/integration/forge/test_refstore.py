@@ -4,7 +4,6 @@ symbolic refs, an annotated tag under a branch's name, and refs that move under 
 
 from __future__ import annotations
 
-import subprocess
 from collections import OrderedDict
 from pathlib import Path
 
@@ -12,25 +11,7 @@ import pytest
 
 from app.forge import refstore
 from app.forge.gitrunner import GitRunner, git_program, minimal_env
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        **minimal_env(),
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@example.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    }
-    done = subprocess.run(  # noqa: S603 - fixed argv
-        ["git", *args],  # noqa: S607
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
+from tests.integration.forge.gitrepo import git
 
 
 @pytest.fixture(autouse=True)
