@@ -7,6 +7,7 @@ before the GPU lease and a passing result is cached, so a warm launch pays nothi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -388,7 +389,17 @@ def _load_cached(cache_dir: Path, fp: str) -> GuardReport | None:
 
 
 def _store(cache_dir: Path, fp: str, report: GuardReport) -> None:
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".{fp}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(report.to_json()))
-    os.replace(tmp, cache_dir / f"{fp}.json")
+    """Keep a pass. Two preparations of one commit in one worker (its preparer thread and its
+    loop) store the same pass at once: each writes a file of its own, then renames it. A pass
+    that cannot be kept is probed again next time; it never fails the job."""
+    tmp: str | None = None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(prefix=f".{fp}.", suffix=".tmp", dir=cache_dir)
+        with os.fdopen(handle, "w") as out:
+            out.write(json.dumps(report.to_json()))
+        os.replace(tmp, cache_dir / f"{fp}.json")
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -195,6 +195,34 @@ def test_a_pass_is_cached_and_the_cache_follows_the_inputs(venv: Venv, tmp_path:
     assert stored["ok"] is True
 
 
+def test_two_stores_of_one_pass_at_once_both_keep_it(
+    venv: Venv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's preparer thread and its loop prepare two jobs of one commit: both store the
+    same pass, interleaved. Neither may fail the job (a shared temporary name did: the second
+    rename found the first had taken the file)."""
+    cache = tmp_path / "cache"
+    env = _job_env(venv.path, tmp_path)
+    report = guard.run_guard(venv.path, env=env, cwd=tmp_path, modules=["json"])
+    assert report.ok
+    rename, renamed = os.replace, []
+
+    def interleaved(src: str, dst: Path) -> None:
+        if not renamed:  # the other thread writes and renames between this write and rename
+            renamed.append("")
+            guard._store(cache, report.fingerprint, report)
+        rename(src, dst)
+        renamed.append(src)
+
+    monkeypatch.setattr(guard.os, "replace", interleaved)
+    guard._store(cache, report.fingerprint, report)
+    monkeypatch.undo()
+    assert len(set(renamed[1:])) == 2  # both renamed a file of their own
+    assert [p.name for p in cache.iterdir()] == [f"{report.fingerprint}.json"]  # no temp left
+    again = guard.run_guard(venv.path, env=env, cwd=tmp_path, modules=["json"], cache_dir=cache)
+    assert again.cached and again.ok
+
+
 def test_user_site_is_not_trusted(venv: Venv, tmp_path: Path) -> None:
     # the job's env sets PYTHONNOUSERSITE, so a user-site copy is not even on the path
     env = _job_env(venv.path, tmp_path)
