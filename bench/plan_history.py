@@ -18,6 +18,7 @@ Without `--ops-url` both stores are SQLite files in a temporary directory.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from _common import bench_parser, emit, machine, probe_config, today
 from sqlalchemy import insert
 
 from app import migrate
+from app.agents import grid
 from app.agents import service as agents
 from app.cycles.agent_context import build_context
 from app.cycles.models import Cycle
@@ -63,10 +65,8 @@ def held_history(stores: Stores, project_id: int, name: str, count: int) -> None
     """`count` cycles awaiting review, holding the space's first `count` points in the sweep's
     order (as a sweep proposed them)."""
     experiment = config_of(name).experiment("probe")
-    grid = agents.points(experiment.parameters)
     rows: list[dict[str, Any]] = []
-    for _ in range(count):
-        params = {**experiment.defaults, **next(grid)}
+    for params in itertools.islice(grid.filled(experiment.parameters, experiment.defaults), count):
         rows.append(
             {
                 "project_id": project_id,

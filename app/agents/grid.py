@@ -36,6 +36,11 @@ def points(space: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
         yield dict(zip(keys, values, strict=True))
 
 
+def filled(space: dict[str, list[Any]], defaults: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The space's points in the grid's order, each with the experiment's defaults under it."""
+    return ({**defaults, **p} for p in points(space))
+
+
 class Grid:
     """One experiment's points (its defaults filled in) with their fingerprints, made as far as
     a walk has needed them. Safe to walk from several threads: what is kept only grows, in
@@ -74,7 +79,7 @@ class Grid:
                     yield params
 
     def _points(self) -> Iterator[dict[str, Any]]:
-        return ({**self._defaults, **p} for p in points(self._space))
+        return filled(self._space, self._defaults)
 
     def _extend(self) -> bool:
         """Keep the next chunk of points; False when nothing more will be kept (the space

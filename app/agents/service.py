@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from app import sandbox
 from app.agents import grid, informed, presets, workspace
 from app.agents.exceptions import AgentFailed, NothingToPropose
-from app.agents.grid import points
+from app.agents.grid import points as points  # the grid order, named here for callers
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
 from app.projects.config import Experiment, ProjectConfig
@@ -107,11 +107,11 @@ class SweepAgent:
         """The experiment's points in the sweep's order, lazily (the first one not covered
         ends the walk), past the ones `context.covered` holds without asking `is_covered`."""
         if context.config.agent.order == "informed":
-            every = ({**experiment.defaults, **p} for p in points(experiment.parameters))
+            every = grid.filled(experiment.parameters, experiment.defaults)
             yield from informed.order(name, experiment.parameters, every, context.judged)
             return
         if context.fingerprint is None:
-            yield from ({**experiment.defaults, **p} for p in points(experiment.parameters))
+            yield from grid.filled(experiment.parameters, experiment.defaults)
             return
         kept = grid.grid(
             context.project,
