@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from app.settings import redact_text
+from app.redaction import redact_text
 
 API_PREFIX = "/api/v1"
 # Connecting fails fast: an unreachable control host is said within seconds.

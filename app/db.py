@@ -1,6 +1,7 @@
 """The two stores: research memory and operational state, each with its own engine and sessions.
 
-No table, foreign key or import crosses between them (DESIGN.md, "Two stores"). SQLite gets WAL,
+No table, foreign key or import crosses between them (docs/design.md, "Two stores, kept apart").
+SQLite gets WAL,
 foreign keys and a busy timeout so the API, the workers and the CLI can share one file.
 """
 
@@ -141,7 +142,7 @@ class Stores:
         """Run `work` (a short unit of work that writes, in `ops_write_session`) off the event
         loop and await its result, errors included. On SQLite the API's writes take turns on
         one thread of their own: a burst of triggers waits in a queue, not as a pool of threads
-        handing the lock and the GIL to each other (issue 18: ~15% of a trigger's CPU under 20
+        handing the lock and the GIL to each other (that cost ~15% of a trigger's CPU under 20
         concurrent clients); on PostgreSQL, in the thread pool, side by side."""
         import asyncio  # the API's alone: workers import this module too
 

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 
 _LOG_CONTEXT: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
     "autopilot_log_context", default=None

@@ -7,7 +7,6 @@ state dir, and the local forge. Production points the URLs at PostgreSQL and Red
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -28,6 +27,8 @@ from pydantic_settings import (
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from app.redaction import redact_text, redact_url
 
 ENV_PREFIX = "AUTOPILOT_"
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "memory")
@@ -146,7 +147,7 @@ class Settings(BaseSettings):
         description="The largest job log a GPU host may upload (PUT /api/v1/jobs/<id>/log).",
     )
 
-    # The GPU handoff queue (issue 7). One queue per kind: gpu.<kind>.
+    # The GPU handoff queue. One queue per kind: gpu.<kind>.
     gpu_kinds: list[str] = Field(default_factory=lambda: ["cpu", "a100", "h100", "h200", "l40s"])
     lease_ttl_s: float = Field(default=30.0, gt=0, description="A lease lapses unless renewed.")
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
@@ -191,11 +192,6 @@ class Settings(BaseSettings):
     budget_concurrent_gpus: int | None = Field(default=None, ge=1)
     # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.
     venv_system_site_packages: bool = False
-    fault_exit_after_step: str | None = Field(
-        default=None,
-        description="Fault injection for the reliability tests: the process advancing a cycle "
-        "exits hard right after this step commits. Never set in production.",
-    )
     token_cache_s: float = Field(
         default=5.0,
         ge=0,
@@ -336,54 +332,6 @@ def given_settings() -> dict[str, str]:
     given = {name: DOTENV for name in DotEnvSettingsSource(Settings)()}
     given.update({name: "the environment" for name in EnvSettingsSource(Settings)()})
     return given
-
-
-# `scheme://userinfo@`: the userinfo runs to the authority's last '@' (a password may hold an
-# unescaped '@'), and never past '/', '?', '#' or whitespace, where the authority ends, nor
-# past a character no URL holds (a quote, '<', '>'), where the text around a URL goes on.
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/?#\s\"<>`]*)@")
-#: Schemes whose bare userinfo is a login name (the key stays in the SSH agent), not a secret.
-_LOGIN_SCHEMES = frozenset({"ssh://", "git+ssh://", "ssh+git://"})
-#: Passwords that only say "the secret is the user name" (GitHub's token-as-user forms).
-_PLACEHOLDER_PASSWORDS = frozenset({"", "x-oauth-basic"})
-
-
-def _hide_userinfo(match: re.Match[str]) -> str:
-    scheme, userinfo = match["scheme"], match["userinfo"]
-    user, colon, password = userinfo.partition(":")
-    if not colon:
-        if scheme.lower() in _LOGIN_SCHEMES:
-            return match[0]
-        return f"{scheme}***@"
-    if password in _PLACEHOLDER_PASSWORDS:
-        return f"{scheme}***@"
-    return f"{scheme}{user}:***@"
-
-
-def redact_text(text: str) -> str:
-    """Hide the credentials of every URL with a scheme inside free text (error messages, git
-    output, settings).
-
-    The rule, for each `scheme://userinfo@host`:
-
-    - `user:password@` keeps the user and hides the password: `postgresql://ops:***@db`,
-      `https://x-access-token:***@github.com`, `redis://:***@cache`;
-    - `token@` (a userinfo without ':') is a secret as a whole: `https://***@github.com/x`;
-      so is `token:@` or `token:x-oauth-basic@`, where the password only says "the user is
-      the token";
-    - except that over `ssh://` (and `git+ssh://`, `ssh+git://`) a bare `git@` is a login name,
-      kept as it is; the scp-like `git@host:path` has no scheme and is never touched.
-
-    It over-hides rather than leaks: an '@' in a URL's query before any '/' counts as the
-    end of a userinfo.
-    """
-    return _USERINFO.sub(_hide_userinfo, text)
-
-
-def redact_url(url: str) -> str:
-    """One URL with its credentials hidden, by `redact_text`'s rule:
-    `https://ghp_x@github.com/o/r` -> `https://***@github.com/o/r`."""
-    return redact_text(url)
 
 
 def describe_validation_error(exc: ValidationError) -> list[str]:

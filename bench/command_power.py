@@ -16,7 +16,7 @@ the A/A pair's, in a seeded order), every run a real process through our launche
 (`workers.command_runs.Arms`, `runner.run_job`, unconfined or under bubblewrap with
 `--sandbox on`), then the control plane's judgement of the raw result under the spec the
 service writes (`jobs.command_spec` + the seed): median paired ratio candidate/baseline,
-bootstrap 95% CI, A/A noise floor (`app.cycles.judge_command`). Trial kinds, interleaved:
+bootstrap 95% CI, A/A noise floor (`app.cycles.judge.command`). Trial kinds, interleaved:
 
 - B: the candidate runs `--work=1.05` (5% more work); detected when the verdict is `slower`;
 - A/A: the candidate runs the baseline's parameters; a false positive is any verdict other
@@ -47,7 +47,7 @@ from typing import Any
 
 from _common import bench_parser, machine, percentile, print_json, today
 
-from app.cycles.judge_command import judge_command
+from app.cycles.judge.command import judge_command
 from app.jobs.service import command_spec
 from app.projects import command as command_kind
 from app.projects.config import Experiment, parse

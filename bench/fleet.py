@@ -1,4 +1,4 @@
-"""Control-plane throughput with many GPU workers, on Redis + PostgreSQL (issue 18, part 4).
+"""Control-plane throughput with many GPU workers, on Redis + PostgreSQL.
 
 Real processes: `python -m workers.cli serve` (the API), `worker control --beat` (the control
 plane: every cycle step) and N `worker gpu --kind cpu --device i` (the GPU workers), with Redis
@@ -369,7 +369,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 }
             )
             token = register_probe(env, tmp, PROJECT, make_repo(tmp, args.job_s))
-            # A GPU host fetches the forge over HTTP with a `worker` token (DESIGN.md).
+            # A GPU host fetches the forge over HTTP with a `worker` token (docs/design.md, "Hosts
+            # and boundaries").
             gpu_env = {"AUTOPILOT_CONTROL_TOKEN": new_token(env, tmp, "gpu", "worker")}
             services = Services(env, tmp / "logs", tmp)
             ops = create_engine(urls["ops"])

@@ -13,7 +13,7 @@ result back), measured before and after the jobs.
 The job venv is built as in production (isolated; the harness and numpy are pip-installed once,
 before measuring); --system-site-packages builds it over the service's packages instead.
 With --ops-url, a fresh database is created next to the one named and dropped afterwards.
-Goal (issue 18): median gap <= 5 ms and duty cycle >= 0.99. --no-reserve and --no-spare are the
+Goal: median gap <= 5 ms and duty cycle >= 0.99. --no-reserve and --no-spare are the
 ablations (no reservation of the next job; every job started cold).
 """
 

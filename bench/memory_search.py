@@ -1,4 +1,4 @@
-"""Search latency over 100,000 findings (issue 5): our service layer against the raw FTS5 query.
+"""Search latency over 100,000 findings: our service layer against the raw FTS5 query.
 
 Builds a SQLite memory store (migrated, FTS5 trigram index kept by the triggers) holding
 synthetic findings, 30% in Korean, and times `app.memory.service.search` against the same

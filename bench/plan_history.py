@@ -1,5 +1,5 @@
-"""A sweep's plan against the project's history (issue 18: a control plane that keeps its pace
-as cycles pile up).
+"""A sweep's plan against the project's history (a control plane that keeps its pace as cycles
+pile up).
 
 What runs under the project's lock in a sweep's plan step (`steps/plan.py`): the agent's context
 (`cycles/agent_context.build_context`: the fingerprints live cycles hold, the points reviewers

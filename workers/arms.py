@@ -1,4 +1,4 @@
-"""Two arms of one job on its GPU host (DESIGN.md, "Experiment kinds"): the baseline (the base
+"""Two arms of one job on its GPU host (docs/design.md, "Experiment kinds"): the baseline (the base
 commit's clean export, the experiment's defaults) and the candidate (the head commit's, the
 proposal's parameters), run one process at a time in the order of `command_kind.schedule`.
 
@@ -13,7 +13,7 @@ showing its last lines, when a run exits non-zero, runs out of time or yields no
   (`head_vs_base`): a run's value is the median time of the entry's headline variant, its check
   the median time of the in-process baseline variant, from the result.json it writes.
 
-The control plane judges the values (`app/cycles/judge_command.py`); the code never does.
+The control plane judges the values (`app/cycles/judge/command.py`); the code never does.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ fresh process in its arm's tree, in the job's sandbox and cgroup, with the run's
 The runner (this process, outside the child) keeps each run's log under `runs/`, reads the
 metric from its output (or the JSON file it writes), and fails the job, naming the run and
 showing its last lines, when a run exits non-zero, runs out of time or yields no metric. The
-result holds every run's value; the control plane judges it (`app/cycles/judge_command.py`).
+result holds every run's value; the control plane judges it (`app/cycles/judge/command.py`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from app.jobs import service as jobs
 from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects.config import Experiment
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 from workers.arms import (
     ArmPlace,
     Arms,

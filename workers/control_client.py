@@ -12,10 +12,11 @@ from pathlib import Path
 import httpx
 
 from app.client import problem_detail, without_token
-from app.forge import ls_refs
+from app.git import ls_refs
 from app.jobs.logs import tail_text
 from app.jobs.paths import LOG_TAIL_BYTES
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 
 __all__ = ["LOG_TAIL_BYTES", "LogUploadFailed", "branch_unmoved", "tail_text", "upload_log"]
 
@@ -51,7 +52,7 @@ def control_token(settings: Settings, url: str) -> str | None:
 
 def branch_unmoved(settings: Settings, url: str, branch: str, sha: str) -> bool:
     """Whether `branch` of the control host's forge at `url` still points at `sha`: one
-    `ls-refs` request (`app/forge/ls_refs.py`). False on any doubt: the caller fetches."""
+    `ls-refs` request (`app/git/ls_refs.py`). False on any doubt: the caller fetches."""
     token = control_token(settings, url)
     if token is None:
         return False

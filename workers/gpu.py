@@ -26,7 +26,8 @@ from app.errors import InvalidInput
 from app.jobs import logs, paths, preparation, reservations
 from app.jobs import service as jobs
 from app.projects import config as project_config
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 from workers import command_runs, control_client, job_trees, prepare
 from workers.heartbeat import Heartbeat
 from workers.launcher import confine, execstub, runner, runtime, staging

@@ -24,13 +24,12 @@ from sqlalchemy.engine import make_url
 
 from app import migrate, sandbox
 from app.logs import RedactSecrets, secret_values
+from app.redaction import redact_text, redact_url
 from app.settings import (
     ENV_PREFIX,
     Settings,
     describe_validation_error,
     given_settings,
-    redact_text,
-    redact_url,
 )
 from workers.launcher import runtime
 

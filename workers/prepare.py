@@ -1,4 +1,5 @@
-"""A GPU host's preparation of a job, off the demand path (DESIGN.md, lesson 3): the job's
+"""A GPU host's preparation of a job, off the demand path (docs/design.md, "Preparation stays off
+the GPU's path"): the job's
 commit fetched from the forge into this host's mirror cache and exported clean, the project venv
 and the preflight guard (in the job's sandbox), all before the job may take a GPU, and all on
 the host that will run it (nothing is read from the control host's disk). A GPU worker prepares
@@ -24,13 +25,14 @@ from pathlib import Path
 from app import broker
 from app.db import Stores
 from app.errors import AutopilotError
-from app.forge import mirror
-from app.forge.git import GitWork
+from app.git import mirror
+from app.git.work import GitWork
 from app.jobs import paths, preparation
 from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects import service as projects
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 from workers import command_runs, control_client
 from workers.launcher import confine, guard, runtime, venv, venv_progress
 from workers.launcher.launch import LaunchSpec
@@ -114,8 +116,8 @@ def prepare_ahead(
 
     Each GPU worker of a host prepares ahead, kicked at each job's start: they take different
     jobs in line rather than queueing on the first one's lock (one each after the other would
-    find it prepared, a few DB round trips each, times the host's GPUs, per job: issue 18's
-    fleet profile); a job another worker is preparing is left to it."""
+    find it prepared, a few DB round trips each, times the host's GPUs, per job: bench/fleet.py's
+    profile); a job another worker is preparing is left to it."""
     host = socket.gethostname()
     made = 0
     while True:
@@ -377,7 +379,7 @@ def guard_env(settings: Settings, env: venv.Venv, source: Path) -> dict[str, str
 class Preparer:
     """A GPU worker's background preparer: kicked when a job starts, it prepares this host's
     next jobs (up to `prepare_ahead` ready) while the GPU runs, so the next lease finds its
-    export and venv in place (DESIGN.md, lesson 3)."""
+    export and venv in place (docs/design.md, "Preparation stays off the GPU's path")."""
 
     def __init__(self, stores: Stores, settings: Settings, queue: str) -> None:
         self.stores, self.settings, self.queue = stores, settings, queue

@@ -26,9 +26,10 @@ from app.agents.reply import Refused
 from app.agents.service import Context, Proposal
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
-from app.forge import gitrunner
+from app.git import runner as gitrunner
 from app.projects.config import AgentConfig
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 

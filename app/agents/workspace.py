@@ -8,7 +8,7 @@ out of its reach. It runs in the
 sandbox (`app.sandbox`), keeps the network (it calls its model) and gets no service secret.
 Its commits come back as a git bundle that `pack` writes, also inside the sandbox, so that no
 hook, fsmonitor or config the agent planted in its clone ever runs outside it; the control host
-fetches the bundle as objects (DESIGN.md, "Hosts and boundaries").
+fetches the bundle as objects (docs/design.md, "Hosts and boundaries").
 """
 
 from __future__ import annotations

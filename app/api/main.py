@@ -18,8 +18,8 @@ from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
 from app.db import Stores
-from app.forge.http import router as forge_http_router
 from app.forge.local import HTTP_PREFIX
+from app.forge.router import router as forge_http_router
 from app.jobs import router as jobs_router_module
 from app.jobs.router import router as jobs_router
 from app.memory.exchange import MAX_IMPORT_BYTES
@@ -59,7 +59,8 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_request_bytes,
-        # Only the routes that need a large body get one (issue 20).
+        # Only the routes that need a large body get one: a 1 MiB cap elsewhere keeps a
+        # flood of large bodies from holding the API's memory.
         routes={
             API_PREFIX + jobs_router_module.LOG_ROUTE_PATTERN: settings.max_job_log_bytes,
             "/api/v1/memory/import": MAX_IMPORT_BYTES + IMPORT_FORM_BYTES,
@@ -75,7 +76,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
         )
     # The router tries routes in order: the API first, the trigger route's router first in it
-    # (issue 18: the busiest route matches on its first candidates). No two prefixes overlap.
+    # (the busiest route matches on its first candidates). No two prefixes overlap.
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(cycles_router)
     api.include_router(projects_router)

@@ -12,7 +12,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import PROBLEM_BASE, AutopilotError
-from app.settings import redact_text
+from app.redaction import redact_text
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from app.cycles import agent_context
 from app.errors import AutopilotError
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
-from app.forge.git import GitWork
+from app.git.work import GitWork
 from app.projects import service as projects
 
 agent_app = typer.Typer(help="The research agents: try one without a cycle.", no_args_is_help=True)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, ProgrammingError, SQLAl
 
 from app.client import ApiRefused, ApiUnreachable
 from app.errors import AutopilotError
-from app.settings import redact_text
+from app.redaction import redact_text
 
 OPERATIONAL = 2
 UNEXPECTED = 1

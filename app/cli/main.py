@@ -99,7 +99,7 @@ def serve(
     app = create_app(settings)
     # What start-up built (the app, SQLAlchemy's and pydantic's models, ~180,000 objects) lives
     # as long as the process: out of the collector's sight, a full collection no longer walks
-    # it (~30-60 ms on this stack, a request's whole latency budget; issue 18).
+    # it (~30-60 ms on this stack, a request's whole latency budget).
     gc.collect()
     gc.freeze()
     uvicorn.run(

@@ -22,7 +22,7 @@ from app.cli.common import (
 )
 from app.errors import AutopilotError
 from app.forge import service as forge_service
-from app.forge.git import GitWork
+from app.git.work import GitWork
 from app.projects import service as ops
 from app.projects.schemas import (
     SCOPES,

@@ -1,4 +1,4 @@
-"""What an agent is shown before it proposes (issue 17: memory in the loop for every agent): the
+"""What an agent is shown before it proposes (memory in the loop for every agent): the
 project's config, the validated and refuted findings, its last cycles with their verdicts and
 ratios, the points reviewers have judged, and whether a point is already covered (judged in
 memory, or held by a live cycle). Built the same way for a cycle's plan step and for

@@ -38,7 +38,8 @@ class Transient(Exception):
 
 
 class Unjudgeable(AutopilotError):
-    """A result the control plane cannot judge (lesson 9): its raw samples or accuracy figures
+    """A result the control plane cannot judge (docs/design.md, "The code under test never judges
+    itself"): its raw samples or accuracy figures
     are missing or malformed. The cycle fails; the self-reported verdict is never used."""
 
     status = 422

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.cycles.judge import disagreements
+from app.cycles.judge.harness import disagreements
 from app.cycles.models import Cycle
 
 

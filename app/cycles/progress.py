@@ -20,10 +20,10 @@ from app.cycles.models import Cycle
 from app.db import Stores
 from app.errors import AutopilotError
 from app.forge import service as forge_service
-from app.forge.git import GitWork
-from app.forge.report_format import number
+from app.git.work import GitWork
 from app.projects import service as projects
 from app.projects.config import Scalar
+from app.reports.format import number
 from app.settings import Settings
 
 #: The newest cycles a chart shows; older ones are left out (the chart says how many).

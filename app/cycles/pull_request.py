@@ -1,6 +1,6 @@
 """What a cycle writes for people: the report's context, the pull request's title and body.
 The ratio and verdict wording itself is `headline.py`'s; the tables, gate, environment and
-reproduce lines are the report's own (`app/forge/report.py`), so REPORT.md and the pull request
+reproduce lines are the report's own (`app/reports/cycle.py`), so REPORT.md and the pull request
 never disagree.
 
 The body stands alone where most reviewers read it (GitHub): verdict, gate, results table,
@@ -18,9 +18,10 @@ from urllib.parse import quote
 
 from app.cycles.headline import interval_text, ratio_text
 from app.cycles.models import Cycle
-from app.forge import report, report_command
 from app.forge.base import Forge, ProjectRef
-from app.settings import redact_text
+from app.redaction import redact_text
+from app.reports import command as report_command
+from app.reports import cycle as report
 
 MAX_BODY_CHARS = 65_536  # GitHub's limit on a pull request body
 MAX_TEXT_CHARS = 8_000  # of one free-text section (hypothesis, what changed)

@@ -19,7 +19,7 @@ from app.db import Stores
 from app.errors import InvalidInput
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
-from app.forge.git import GitWork
+from app.git.work import GitWork
 from app.jobs import service as jobs
 from app.jobs.models import FINISHED
 from app.memory import service as memory

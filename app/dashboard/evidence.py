@@ -1,7 +1,8 @@
 """What a reviewer sees of a cycle's evidence: its report files, the diff, the job log.
 
 The report files are read from the commit the cycle made (in the project's mirror on the
-control host), never from a directory the agent or the experiment could write (lesson 9).
+control host), never from a directory the agent or the experiment could write (docs/design.md,
+"The code under test never judges itself").
 Markdown is rendered with raw HTML off, so a report (or a hypothesis quoted in it) can never
 inject markup into the page.
 """
@@ -20,13 +21,13 @@ from markupsafe import Markup, escape
 from app.cycles.models import Cycle
 from app.db import Stores
 from app.errors import AutopilotError
-from app.forge import report
 from app.forge.base import ProjectRef
-from app.forge.exceptions import GitFailed
-from app.forge.git import GitWork
 from app.forge.local import LocalForge
+from app.git.exceptions import GitFailed
+from app.git.work import GitWork
 from app.jobs import logs
 from app.jobs.models import Job
+from app.reports import cycle as report
 from app.settings import Settings
 
 MAX_FILE_BYTES = 2 * 1024 * 1024

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from markupsafe import Markup
 
 from app.api.deps import SettingsDep, StoresDep
-from app.cycles import progress, progress_plot
+from app.cycles import progress
 from app.cycles import service as cycles
 from app.cycles.progress import Point, Progress
 from app.dashboard import live
@@ -28,6 +28,7 @@ from app.memory import service as memory
 from app.memory.schemas import FindingOut
 from app.projects import service as ops
 from app.projects.models import Project
+from app.reports import progress_plot
 from app.settings import Settings
 
 router = APIRouter(include_in_schema=False)

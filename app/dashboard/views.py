@@ -236,7 +236,8 @@ class BudgetRow:
 
 
 def budgets(session: Session, settings: Settings) -> list[BudgetRow]:
-    """GPU-hours in the last 24 h and GPUs in use now, against both limits (lesson 7)."""
+    """GPU-hours in the last 24 h and GPUs in use now, against both limits (docs/design.md,
+    "Separate budgets for average and peak")."""
     day_ago = datetime.now(UTC) - timedelta(days=1)
     scopes: list[tuple[str, int | None, float | None, int | None]] = [
         ("global", None, settings.budget_gpu_hours_per_day, settings.budget_concurrent_gpus)

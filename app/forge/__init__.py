@@ -1,1 +1,1 @@
-"""Git work (GitPython) and pull-request hosts: GitHub (PyGithub) and a local forge."""
+"""PR hosts: the forge interface, GitHub (PyGithub), the local forge and its smart-HTTP router."""

@@ -31,12 +31,13 @@ from app.forge.exceptions import (
     ForgeRejected,
     ForgeUnavailable,
     HeadMoved,
-    MergeConflict,
     PullRequestNotFound,
     PullRequestNotOpen,
 )
-from app.forge.gitrunner import check_branch_name, check_url
-from app.settings import Settings, redact_text
+from app.git.exceptions import MergeConflict
+from app.git.runner import check_branch_name, check_url
+from app.redaction import redact_text
+from app.settings import Settings
 
 T = TypeVar("T")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")

@@ -19,18 +19,19 @@ from sqlalchemy.exc import IntegrityError
 
 from app.clock import utcnow
 from app.db import Stores
-from app.forge import objects, repository
+from app.forge import repository
 from app.forge.base import ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
     ForgeUnavailable,
-    GitFailed,
     HeadMoved,
-    InvalidRef,
-    MergeConflict,
     PullRequestNotFound,
     PullRequestNotOpen,
 )
-from app.forge.gitrunner import (
+from app.forge.models import PullRequestComment, PullRequestRecord
+from app.git import objects
+from app.git.exceptions import GitFailed, InvalidRef, MergeConflict
+from app.git.refs import check_sha
+from app.git.runner import (
     GitRunner,
     check_branch_name,
     check_url,
@@ -39,8 +40,6 @@ from app.forge.gitrunner import (
     single_flight,
     upkeep,
 )
-from app.forge.models import PullRequestComment, PullRequestRecord
-from app.forge.refs import check_sha
 from app.projects import schemas as ops_schemas
 from app.settings import Settings
 
@@ -96,7 +95,7 @@ class LocalForge:
         return self.root / f"{project.name}.git"
 
     def http_url(self, project: ProjectRef, control_url: str) -> str:
-        """The repository as git's smart HTTP serves it from the API (app/forge/http.py): what
+        """The repository as git's smart HTTP serves it from the API (app/forge/router.py): what
         a GPU host fetches with its worker token, e.g. `http://control:8000/git/spectral.git`."""
         self.bare_path(project)  # the same slug check: nothing else reaches a URL path
         return f"{control_url.rstrip('/')}{HTTP_PREFIX}/{project.name}.git"

@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.db import Stores
-from app.forge import mirror, report
 from app.forge.base import Forge, ProjectRef, PullRequest
-from app.forge.exceptions import BaseBranchMissing, MergeConflict, PullRequestNotOpen
-from app.forge.git import CycleBranch, GitWork
+from app.forge.exceptions import PullRequestNotOpen
+from app.git import mirror
+from app.git.exceptions import BaseBranchMissing, MergeConflict
+from app.git.refs import CycleBranch
+from app.git.work import GitWork
 from app.projects import config as project_config
 from app.projects.config import CONFIG_FILE, ConfigError, ProjectConfig
+from app.reports import cycle as report
 from app.settings import Settings
 
 # (pull request, new base sha) -> (verdict holds, reason). The queue's implementation runs the

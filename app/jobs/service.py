@@ -20,7 +20,7 @@ from app.db import Stores
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
-from app.forge.git import GitWork
+from app.git.work import GitWork
 from app.jobs import repository as repo
 from app.jobs.budgets import blocked_by_budget as blocked_by_budget  # re-exported
 from app.jobs.budgets import budget_scopes, check_scope

@@ -1,4 +1,4 @@
-"""What agents are shown of research memory (issue 17: memory in the loop for every agent): the
+"""What agents are shown of research memory (memory in the loop for every agent): the
 findings for the prompt and context JSON, and the judged points of the parameter spaces."""
 
 from __future__ import annotations

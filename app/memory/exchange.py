@@ -2,7 +2,8 @@
 
 JSON Lines is our lossless format (one finding, with its audit trail, per line). Markdown is
 for people, grouped by project then kind, and reads back what our exporter wrote. The
-property export of note-taking databases is import only; its shape is in issue 5.
+property export of note-taking databases is import only; its shape is `parse_property_export`'s
+docstring.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ class Finding(MemoryBase):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=lambda: uuid.uuid4().hex)
     project: Mapped[str | None] = mapped_column(String(64), index=True)
     kind: Mapped[str] = mapped_column(String(16), index=True)
-    # Kept byte-exact: never normalised, trimmed or filled in (DESIGN.md, lesson 6).
+    # Kept byte-exact: never normalised, trimmed or filled in (docs/design.md, "Unverified stays
+    # unverified").
     statement: Mapped[str] = mapped_column(Text)
     language: Mapped[str] = mapped_column(String(16), default="und")
     # sha256 of the normalised (project, kind, statement): what makes imports idempotent.
@@ -68,7 +69,8 @@ class Finding(MemoryBase):
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     group_name: Mapped[str | None] = mapped_column(String(64))
     tags: Mapped[list[str]] = mapped_column(JSON, default=list)
-    # Evidence as plain values: the ops DB is never referenced by key (DESIGN.md, "Two stores").
+    # Evidence as plain values: the ops DB is never referenced by key (docs/design.md, "Two
+    # stores, kept apart").
     cycle_id: Mapped[str | None] = mapped_column(String(64))
     commit_sha: Mapped[str | None] = mapped_column(String(64))
     pr_url: Mapped[str | None] = mapped_column(String(1024))

@@ -85,7 +85,8 @@ class FindingCreate(BaseModel):
 
     @model_validator(mode="after")
     def _provenance(self) -> FindingCreate:
-        # DESIGN.md lesson 6: a finding whose primary source was not found is unverified in
+        # docs/design.md, "Unverified stays unverified": a finding whose primary source was not
+        # found is unverified in
         # both source and publication status; a cut-off one stays unverified.
         if self.truncated and self.source_status == "verified":
             raise ValueError("source_status: a truncated finding stays 'unverified'")

@@ -1,10 +1,10 @@
-"""Command experiments (DESIGN.md, "Experiment kinds"): a repository's own program, run from
+"""Command experiments (docs/design.md, "Experiment kinds"): a repository's own program, run from
 outside and read from its output.
 
 What both sides share: the argv's `{placeholder}`s and how they are filled, how a run's metric
 is read from its output (or from a JSON file it writes), and the order of the runs of the two
 arms. The GPU worker runs the schedule (`workers/command_runs.py`); the control plane judges the
-values it read (`app/cycles/judge_command.py`). Pure functions: no I/O beyond the file read.
+values it read (`app/cycles/judge/command.py`). Pure functions: no I/O beyond the file read.
 """
 
 from __future__ import annotations

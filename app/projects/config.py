@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from app.errors import InvalidInput
 from app.projects import command as command_kind
-from app.settings import redact_text
+from app.redaction import redact_text
 
 CONFIG_FILE = "autopilot.toml"
 _ENTRY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -56,7 +56,7 @@ class Experiment(BaseModel):
     kind: Literal["harness", "command"] = Field(
         default="harness",
         description="harness: an entry module on experiments/harness; command: any program of "
-        "the repository, run and read from outside (DESIGN.md, Experiment kinds)",
+        "the repository, run and read from outside (docs/design.md, 'Experiment kinds')",
     )
     entry: str | None = Field(default=None, description="module run as `python -m <entry>`")
     metric: str = "ratio"

@@ -23,7 +23,8 @@ class Project(OpsBase):
     forge: Mapped[str] = mapped_column(String(16), default="local")
     gpu_kind: Mapped[str] = mapped_column(String(32), default="cpu")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    # Two separate limits (DESIGN.md, lesson 7): average use per day and peak concurrency.
+    # Two separate limits (docs/design.md, "Separate budgets for average and peak"): average use
+    # per day and peak concurrency.
     budget_gpu_hours_per_day: Mapped[float | None] = mapped_column(Float)
     budget_concurrent_gpus: Mapped[int | None] = mapped_column(Integer)
     # The autopilot schedule: `every 2h` or a cron expression; beat starts cycles when due.

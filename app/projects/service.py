@@ -69,7 +69,8 @@ def set_budgets(
     gpu_hours_per_day: float | None,
     concurrent_gpus: int | None,
 ) -> None:
-    """The project's two GPU limits (DESIGN.md, lesson 7); None lifts a limit."""
+    """The project's two GPU limits (docs/design.md, "Separate budgets for average and peak");
+    None lifts a limit."""
     project.budget_gpu_hours_per_day = gpu_hours_per_day
     project.budget_concurrent_gpus = concurrent_gpus
     session.flush()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from app import svg
+from app.reports import svg_matplotlib as svg
 
 
 def _chart(label: str) -> str:

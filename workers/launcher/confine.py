@@ -1,5 +1,5 @@
 """The experiment's sandbox and cgroup: what a job's bubblewrap shows it, and how its processes
-are signalled and killed as a whole (DESIGN.md, "Hosts and boundaries").
+are signalled and killed as a whole (docs/design.md, "Hosts and boundaries").
 
 A job sees its clean export (its cwd, writable: scripts write beside themselves, and the export
 is a per-job throwaway copy that nothing reads back), its runtime dir, its venv and what the venv

@@ -1,6 +1,7 @@
 """Preflight guard: run the venv's interpreter exactly as the job will and check it is the venv.
 
-DESIGN.md, Lesson 1: a venv launched through a resolved interpreter runs on the base Python
+docs/design.md, "Launch through the venv's own python": a venv launched through a resolved
+interpreter runs on the base Python
 without the venv's packages, and nothing fails until the job does, on a GPU. The guard runs
 before the GPU lease and a passing result is cached, so a warm launch pays nothing for it.
 """

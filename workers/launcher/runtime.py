@@ -1,6 +1,7 @@
 """The job's private runtime dir, chosen so every Unix socket path in it fits `sun_path`.
 
-DESIGN.md, Lesson 2: the budget is counted on the *final* path (the dir, each socket the
+docs/design.md, "Budget Unix socket paths on the final path": the budget is counted on the *final*
+path (the dir, each socket the
 runner makes, and what the job's libraries append), and when the short candidate is
 mounted noexec a short alias links to an owner-only target on an exec-capable filesystem.
 """
@@ -96,7 +97,7 @@ def predicted_dir_len(root: str) -> int:
 
 
 def candidate_roots(env: Mapping[str, str], state_dir: Path) -> list[tuple[str, str]]:
-    """Where a runtime dir may go, in order of preference (issue 3, point 4)."""
+    """Where a runtime dir may go, in order of preference: short, exec-capable and private first."""
     found = [
         ("AUTOPILOT_RUNTIME_ROOT", env.get("AUTOPILOT_RUNTIME_ROOT", "")),
         ("TMPDIR", env.get("TMPDIR", "")),

@@ -116,7 +116,8 @@ def _ignored(name: str) -> bool:
 
 
 def interpreter_path(venv: str | os.PathLike[str]) -> Path:
-    """The absolute, never resolved `<venv>/bin/python` (DESIGN.md, Lesson 1).
+    """The absolute, never resolved `<venv>/bin/python` (docs/design.md, "Launch through the
+    venv's own python").
 
     Resolving it (realpath, Path.resolve) yields the base interpreter, which finds no
     `pyvenv.cfg` and silently runs without the venv's packages.

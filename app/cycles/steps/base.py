@@ -10,7 +10,8 @@ from app.cycles.judge import judge
 from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge.base import Forge, ProjectRef
-from app.forge.git import CycleBranch, GitWork, slugify
+from app.git.refs import CycleBranch, slugify
+from app.git.work import GitWork
 from app.jobs import service as jobs
 from app.settings import Settings
 

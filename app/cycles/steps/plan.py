@@ -20,8 +20,9 @@ from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
-from app.forge.exceptions import FetchFailed
-from app.forge.git import CycleBranch, GitWork
+from app.git.exceptions import FetchFailed
+from app.git.refs import CycleBranch
+from app.git.work import GitWork
 from app.jobs import service as jobs
 from app.memory import service as memory
 from app.projects.config import ProjectConfig

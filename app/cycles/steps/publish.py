@@ -10,12 +10,12 @@ from app.cycles.models import Cycle
 from app.cycles.pull_request import links, pr_body, pr_title
 from app.cycles.steps.base import Step
 from app.errors import Unavailable
-from app.forge import report
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.memory import service as memory
 from app.memory.exceptions import FindingExists
 from app.memory.schemas import Evidence, FindingCreate
+from app.reports import cycle as report
 
 
 class Publish(Step):

@@ -18,8 +18,8 @@ import pytest
 from pydantic import SecretStr
 
 from app.errors import AutopilotError
-from app.forge.git import GitWork
-from app.forge.gitrunner import GitRunner
+from app.git.runner import GitRunner
+from app.git.work import GitWork
 from app.settings import Settings
 from workers.prepare import control_auth
 

@@ -22,15 +22,15 @@ from fastapi.testclient import TestClient
 from app.api.main import create_app
 from app.cycles.models import Cycle
 from app.db import Stores
-from app.forge import report
 from app.forge.base import ProjectRef
-from app.forge.git import GitWork
 from app.forge.local import LocalForge
+from app.git.work import GitWork
 from app.jobs.models import Job
 from app.memory import service as memory
 from app.memory.schemas import Evidence, FindingCreate
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
+from app.reports import cycle as report
 from app.settings import Settings
 from tests.integration.queue.conftest import make_repo
 

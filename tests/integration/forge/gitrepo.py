@@ -7,7 +7,8 @@ from pathlib import Path
 
 from app.agents import workspace
 from app.agents.workspace import Workspace
-from app.forge.git import CycleBranch, GitWork
+from app.git.refs import CycleBranch
+from app.git.work import GitWork
 from app.settings import Settings
 
 AUTOPILOT_TOML = """\

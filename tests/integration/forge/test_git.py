@@ -13,9 +13,8 @@ from pydantic import SecretStr
 
 from app.agents import workspace
 from app.agents.workspace import Workspace
-from app.forge import git as gitmod
-from app.forge import refstore
-from app.forge.exceptions import (
+from app.git import refs, refstore
+from app.git.exceptions import (
     AgentWorkRefused,
     BaseBranchMissing,
     GitFailed,
@@ -25,8 +24,8 @@ from app.forge.exceptions import (
     PushRejected,
     TransportNotAllowed,
 )
-from app.forge.git import GitWork
-from app.forge.gitrunner import GitRunner
+from app.git.runner import GitRunner
+from app.git.work import GitWork
 from tests.integration.forge.gitrepo import (
     agent_change,
     commit_to,
@@ -257,15 +256,15 @@ def test_transient_push_failure_is_retried_and_credentials_never_leak(
 
 
 def test_branch_names() -> None:
-    assert gitmod.branch_name("proj", "C0FFEE01-2222-3333", "Use TF32 / tensor cores!") == (
+    assert refs.branch_name("proj", "C0FFEE01-2222-3333", "Use TF32 / tensor cores!") == (
         "autopilot/proj/c0ffee01-use-tf32-tensor-cores"
     )
     for project in ("-x", "a..b", "A B", "../etc"):
         with pytest.raises(InvalidRef):
-            gitmod.branch_name(project, "c0ffee01", "x")
+            refs.branch_name(project, "c0ffee01", "x")
     for cycle in ("../x", "-1", "a b", ""):
         with pytest.raises(InvalidRef):
-            gitmod.branch_name("proj", cycle, "x")
+            refs.branch_name("proj", cycle, "x")
 
 
 def test_links_that_climb_are_refused_even_in_a_chain(
@@ -330,8 +329,8 @@ def test_git_upkeep_runs_once_per_so_many_writes_not_after_each(
 ) -> None:
     """A push no longer runs receive-pack's `gc --auto` (nor a fetch `maintenance --auto`):
     `gitrunner.upkeep` runs it every few writes, so a repository is still kept packed."""
-    from app.forge import gitrunner
-    from app.forge.upkeep import Upkeep
+    from app.git import runner as gitrunner
+    from app.git.upkeep import Upkeep
 
     monkeypatch.setattr(gitrunner, "upkeep", Upkeep(every=3, period_s=1e9))
     # Each push keeps its pack, and two packs are one too many for `gc --auto`, which runs in

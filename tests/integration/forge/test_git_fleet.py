@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.forge import gitrunner
-from app.forge.git import GitWork
-from app.forge.gitrunner import repo_lock, single_flight
+from app.git import runner as gitrunner
+from app.git.runner import repo_lock, single_flight
+from app.git.work import GitWork
 from tests.integration.forge.gitrepo import commit_to, git, make_origin, plain_settings
 
 RESULTS = ["results/"]

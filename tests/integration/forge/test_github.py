@@ -15,13 +15,9 @@ from app.cycles.models import Cycle
 from app.cycles.pull_request import links, pr_body, pr_title
 from app.errors import InvalidInput
 from app.forge.base import ProjectRef
-from app.forge.exceptions import (
-    ForgeUnavailable,
-    HeadMoved,
-    MergeConflict,
-    PullRequestNotOpen,
-)
+from app.forge.exceptions import ForgeUnavailable, HeadMoved, PullRequestNotOpen
 from app.forge.github import GitHubForge, github_repo
+from app.git.exceptions import MergeConflict
 from tests.integration.forge.github_fake import FakeGitHub, Fault, serve
 from tests.integration.forge.pr_cycles import COMMIT, DASHBOARD, command_cycle, harness_cycle
 
@@ -204,7 +200,7 @@ def test_github_repo_names(url: str, name: str) -> None:
 )
 def test_live_github(tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     """Push a branch to a real repository, open its PR twice (one PR), comment, close."""
-    from app.forge.git import GitWork
+    from app.git.work import GitWork
     from tests.integration.forge.gitrepo import plain_settings
 
     caplog.set_level(logging.DEBUG)

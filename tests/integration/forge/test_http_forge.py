@@ -17,10 +17,10 @@ from pydantic import SecretStr
 
 from app.api.main import create_app
 from app.db import Stores
-from app.forge import ls_refs, mirror
 from app.forge.base import ProjectRef
-from app.forge.exceptions import InvalidRef
 from app.forge.local import LocalForge
+from app.git import ls_refs, mirror
+from app.git.exceptions import InvalidRef
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
@@ -291,7 +291,7 @@ def test_upload_pack_answers_a_pack_gzipped_or_not(
 
 
 def test_a_branch_tip_is_one_ls_refs_request(forge: Forge, server: str) -> None:
-    """What a GPU host asks before a job whose commit it holds (`app/forge/ls_refs.py`)."""
+    """What a GPU host asks before a job whose commit it holds (`app/git/ls_refs.py`)."""
     url = f"{server}/git/spectral.git"
     worker = bearer(forge.tokens["worker"])
     with httpx.Client() as client:

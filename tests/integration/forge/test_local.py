@@ -11,10 +11,12 @@ import pytest
 from app.db import Stores
 from app.forge import service
 from app.forge.base import ProjectRef, PullRequest
-from app.forge.exceptions import HeadMoved, InvalidRef, PullRequestNotFound, PullRequestNotOpen
-from app.forge.git import CycleBranch, GitWork
+from app.forge.exceptions import HeadMoved, PullRequestNotFound, PullRequestNotOpen
 from app.forge.local import LocalForge
-from app.forge.report import ReportContext
+from app.git.exceptions import InvalidRef
+from app.git.refs import CycleBranch
+from app.git.work import GitWork
+from app.reports.cycle import ReportContext
 from app.settings import Settings
 from tests.integration.forge.gitrepo import (
     agent_change,

@@ -13,11 +13,11 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
-from app.forge import mirror
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
-from app.forge.exceptions import BaseBranchMissing, FetchFailed, InvalidRef
-from app.forge.git import GitWork
+from app.git import mirror
+from app.git.exceptions import BaseBranchMissing, FetchFailed, InvalidRef
+from app.git.work import GitWork
 from app.projects import service as ops
 from app.projects.config import ConfigError
 from app.settings import Settings

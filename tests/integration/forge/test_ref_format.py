@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from app.forge.exceptions import InvalidRef
-from app.forge.gitrunner import accepts_ref, check_branch_name, minimal_env
+from app.git.exceptions import InvalidRef
+from app.git.runner import accepts_ref, check_branch_name, minimal_env
 
 NAMES = [
     "main",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.forge import refstore
-from app.forge.gitrunner import GitRunner, git_program, minimal_env
+from app.git import refstore
+from app.git.runner import GitRunner, git_program, minimal_env
 from tests.integration.forge.gitrepo import git
 
 

@@ -21,6 +21,8 @@ from app.settings import Settings
 from tests.conftest import Backend, need_redis
 from tests.support import free_port, port_open, wait_for
 
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
 PROBE = '''
 """A tiny experiment: reports its first line, records each run, sleeps, writes raw samples."""
 import json, os, socket, subprocess, sys, time
@@ -165,11 +167,20 @@ class Workers:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(
-        self, name: str, *args: str, env: dict[str, str] | None = None
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        exit_after_step: str | None = None,
     ) -> subprocess.Popen[bytes]:
+        """A worker process (`autopilot-worker <args>`); with `exit_after_step`, one that dies
+        hard right after a cycle step commits (`tests/faults.py`)."""
         if args and args[0] == "gpu" and "api" not in self.procs:
             self.start_api()  # GPU hosts fetch each job's commit from the API's git endpoint
-        return self._spawn(name, ["worker", *args, "--loglevel", "WARNING"], env)
+        argv = ["worker", *args, "--loglevel", "WARNING"]
+        if exit_after_step is not None:
+            return self._spawn(name, argv, env, faults=["--exit-after-step", exit_after_step])
+        return self._spawn(name, argv, env)
 
     def start_api(self) -> None:
         port = int(self.settings.control_url.rsplit(":", 1)[1])
@@ -177,12 +188,18 @@ class Workers:
         wait_for(lambda: port_open(port), timeout=60)
 
     def _spawn(
-        self, name: str, argv: list[str], env: dict[str, str] | None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None,
+        faults: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        entry = ["workers.cli"] if faults is None else ["tests.faults", *faults, "--"]
+        extra = {} if faults is None else {"PYTHONPATH": str(REPO_ROOT)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", *argv],
-            env={**settings_env(self.settings), **(env or {})},
+            [sys.executable, "-m", *entry, *argv],
+            env={**settings_env(self.settings), **extra, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.settings.state_dir,

@@ -125,9 +125,7 @@ def test_control_crash_between_commit_and_publish_gives_one_pr(
     with stores.ops_session() as session:
         ops.create_project(session, ProjectCreate(name="probe-crash", repo_url=str(repo)))
         _, token = ops.create_token(session, "ci", ["trigger"])
-    crashing = workers.start(
-        "control", "control", env={"AUTOPILOT_FAULT_EXIT_AFTER_STEP": "committing"}
-    )
+    crashing = workers.start("control", "control", exit_after_step="committing")
     workers.start("gpu", "gpu", "--kind", "cpu", "--device", "0")
     with TestClient(create_app(settings, stores)) as client:
         cycle_id = client.post(

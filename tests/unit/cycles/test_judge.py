@@ -298,7 +298,7 @@ def test_the_judged_verdict_uses_the_spec_seed() -> None:
 
 
 def test_a_report_with_too_many_comparisons_is_not_judged() -> None:
-    from app.cycles.judge import MAX_COMPARISONS
+    from app.cycles.judge.harness import MAX_COMPARISONS
 
     result = harness_result({"fused": 0.7})
     result["comparisons"] = [

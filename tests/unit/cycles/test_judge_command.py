@@ -1,5 +1,5 @@
 """The control plane's verdict on a command experiment, from every run's value
-(app/cycles/judge_command.py)."""
+(app/cycles/judge/command.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.cycles.exceptions import Unjudgeable
-from app.cycles.judge_command import judge_command
+from app.cycles.judge.command import judge_command
 
 
 def result(

@@ -7,7 +7,6 @@ import re
 from typing import Any
 from xml.etree import ElementTree
 
-from app.cycles import progress_plot
 from app.cycles.progress import (
     MAX_PANELS,
     NOT_JUDGED,
@@ -19,6 +18,7 @@ from app.cycles.progress import (
     space_map,
     trend,
 )
+from app.reports import progress_plot
 
 
 def point(

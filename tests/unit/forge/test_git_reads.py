@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.forge import gitrunner
-from app.forge.gitrunner import _ObjectReads
+from app.git import runner as gitrunner
+from app.git.runner import _ObjectReads
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

@@ -11,7 +11,7 @@ import pytest
 
 from app.errors import NotFound
 from app.forge.exceptions import ForgeBackendFailed, ForgeReadOnly
-from app.forge.http import Target, cgi_environment, parse_cgi_head, presented_token, service_of
+from app.forge.router import Target, cgi_environment, parse_cgi_head, presented_token, service_of
 
 
 def b64(text: str) -> str:

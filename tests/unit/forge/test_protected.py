@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.forge.exceptions import ProtectedPathChanged
-from app.forge.protected import Check, is_protected, patterns_from_config
+from app.git.exceptions import ProtectedPathChanged
+from app.git.protected import Check, is_protected, patterns_from_config
 
 
 def test_patterns_from_config() -> None:

@@ -9,7 +9,7 @@ from xml.etree import ElementTree
 import pytest
 
 from app.errors import InvalidInput
-from app.forge.report import ReportContext, render_markdown, render_plot, write_report
+from app.reports.cycle import ReportContext, render_markdown, render_plot, write_report
 from tests.integration.forge.gitrepo import harness_result
 
 CONTEXT = ReportContext(

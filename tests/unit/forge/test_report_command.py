@@ -10,8 +10,8 @@ from xml.etree import ElementTree
 
 from markdown_it import MarkdownIt
 
-from app.forge.report import ReportContext, render_markdown, render_plot, write_report
-from app.forge.report_command import block_ratios
+from app.reports.command import block_ratios
+from app.reports.cycle import ReportContext, render_markdown, render_plot, write_report
 from tests.integration.forge.gitrepo import harness_result
 
 BASE = "a1b2c3d4e5f6" + "0" * 28

@@ -9,8 +9,8 @@ from xml.etree import ElementTree
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.forge import svg_chart
-from app.forge.svg_chart import Panel, Series
+from app.reports import svg_text as svg_chart
+from app.reports.svg_text import Panel, Series
 
 SVG = "{http://www.w3.org/2000/svg}"
 

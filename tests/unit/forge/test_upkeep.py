@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.forge.upkeep import Upkeep
+from app.git.upkeep import Upkeep
 
 
 class Clock:

@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.logs import secret_values
-from app.settings import Settings, describe_validation_error, redact_text, redact_url
+from app.redaction import redact_text, redact_url
+from app.settings import Settings, describe_validation_error
 
 
 def make(**env: str) -> Settings:

@@ -1,6 +1,6 @@
 """Git work for a cycle: a mirror per project, a branch per cycle, commits from objects, pushes.
 
-The control host never works in a tree that untrusted code could write (DESIGN.md, "Hosts and
+The control host never works in a tree that untrusted code could write (docs/design.md, "Hosts and
 boundaries"): a cycle's branch lives in the project's mirror; the agent's work comes back as a
 git bundle fetched into it and checked on the commit trees; the results are committed through
 a private index, never by staging a directory. Every git call goes through
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from app.forge import protected, refstore
-from app.forge.exceptions import (
+from app.git import protected, refstore
+from app.git.exceptions import (
     AgentWorkRefused,
     BaseBranchMissing,
     FetchFailed,
@@ -31,7 +31,8 @@ from app.forge.exceptions import (
     PushFailed,
     PushRejected,
 )
-from app.forge.gitrunner import (
+from app.git.refs import REMOTE_PREFIX, CycleBranch, branch_name, check_sha
+from app.git.runner import (
     GitRunner,
     check_branch_name,
     check_url,
@@ -41,13 +42,9 @@ from app.forge.gitrunner import (
     repo_lock,
     single_flight,
 )
-from app.forge.refs import REMOTE_PREFIX as REMOTE_PREFIX
-from app.forge.refs import CycleBranch as CycleBranch
-from app.forge.refs import branch_name as branch_name
-from app.forge.refs import check_sha
-from app.forge.refs import slugify as slugify
 from app.projects import schemas as ops_schemas
-from app.settings import Settings, redact_text
+from app.redaction import redact_text
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ from statistics import median
 from typing import Any
 
 from app.errors import InvalidInput
-from app.forge import report_command, svg_chart
-from app.forge.report_format import cell as _cell
-from app.forge.report_format import number as _num
+from app.reports import command as report_command
+from app.reports import svg_text as svg_chart
+from app.reports.format import cell as _cell
+from app.reports.format import number as _num
 
 RESULTS_DIR = "results"
 _CYCLE_DIR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -138,7 +139,8 @@ def _accuracy(entry: Mapping[str, Any]) -> str:
 
 def judgement_lines(result: Mapping[str, Any]) -> list[str]:
     """Who computed the figures, and a warning block where the experiment claimed otherwise
-    (lesson 9: the control plane judges; the self-report is evidence, not the verdict)."""
+    (docs/design.md, "The code under test never judges itself": the control plane judges; the
+    self-report is evidence, not the verdict)."""
     judgement = result.get("judgement")
     if not isinstance(judgement, Mapping):
         return []

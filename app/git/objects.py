@@ -19,7 +19,7 @@ import threading
 import zlib
 from pathlib import Path
 
-from app.forge.gitrunner import GitRunner
+from app.git.runner import GitRunner
 
 #: The hash of an object id's length (a repository in SHA-256 has 64-digit ids).
 _HASHES = {40: hashlib.sha1, 64: hashlib.sha256}

@@ -2,7 +2,7 @@
 best so far, and an experiment's parameter space coloured by verdict. Each cycle's mark links
 to its dashboard page.
 
-Drawn with matplotlib's Agg backend as the cycle reports are (`app.forge.report_format`), then
+Drawn with matplotlib's Agg backend as the cycle reports are (`app.reports.format`), then
 made fit to sit inline in a dashboard page under its Content-Security-Policy (`style-src
 'self'`: no inline styles): matplotlib's `style="…"` attributes become SVG presentation
 attributes, its one `<style>` element becomes attributes of the root, links open in the same
@@ -18,7 +18,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from app import svg
 from app.cycles.exceptions import NothingToPlot
 from app.cycles.progress import (
     NOT_JUDGED,
@@ -34,6 +33,7 @@ from app.cycles.progress import (
 )
 from app.db import Stores
 from app.errors import InvalidInput
+from app.reports import svg_matplotlib as svg
 from app.settings import Settings
 
 if TYPE_CHECKING:

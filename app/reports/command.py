@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from app.forge.report_format import TITLE_Y, cell, code_block, code_span, number, render_svg
+from app.reports.format import TITLE_Y, cell, code_block, code_span, number, render_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

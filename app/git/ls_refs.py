@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from app.forge.gitrunner import check_branch_name
+from app.git.runner import check_branch_name
 
 #: A branch's tip, looked up again on every job: a short wait, then the fetch path decides.
 TIMEOUT = httpx.Timeout(10.0, connect=5.0)

@@ -35,11 +35,11 @@ from app.forge.exceptions import (
     ForgeReadOnly,
     ForgeRepositoryNotFound,
 )
-from app.forge.gitrunner import git_program
 from app.forge.local import HTTP_PREFIX, LocalForge
+from app.git.runner import git_program
 from app.projects import service as ops
 from app.projects.schemas import check_slug
-from app.settings import redact_text
+from app.redaction import redact_text
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.forge.exceptions import InvalidRef
-from app.forge.gitrunner import check_branch_name
+from app.git.exceptions import InvalidRef
+from app.git.runner import check_branch_name
 from app.projects import schemas as ops_schemas
 
 REMOTE_PREFIX = "refs/remotes/origin/"

@@ -1,5 +1,6 @@
-"""The control plane's judgement of a command experiment (DESIGN.md, "Experiment kinds"; lesson
-9): candidate arm against baseline arm, from every run's value.
+"""The control plane's judgement of a command experiment (docs/design.md, "Experiment kinds" and
+"The code under test never
+judges itself"): candidate arm against baseline arm, from every run's value.
 
 The GPU host's runner read one value per run from the program's output and recorded them by
 arm and role (`workers/command_runs.py`); the program itself claims nothing. Judged here, with
@@ -27,14 +28,9 @@ from typing import Any
 from autopilot_harness import stats
 
 from app.cycles.exceptions import Unjudgeable
-
-JUDGE = "control-plane"
-# The bootstrap holds n_boot x n resampled values: the untrusted report must not choose how
-# much of the control host's memory a judgement takes (10k pairs: ~320 MB at most).
-MAX_PAIRS = 10_000
+from app.cycles.judge.figures import FIGURES, JUDGE, MAX_PAIRS
 
 ROLES = ("baseline", "candidate", "baseline_aa")
-_FIGURES = ("ratio", "ci_low", "ci_high")
 
 
 def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,7 +72,7 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
         "metric": spec.get("metric") or result.get("metric"),
         "variant": "candidate",
         "baseline": "baseline",
-        **{k: judged[k] for k in _FIGURES},
+        **{k: judged[k] for k in FIGURES},
         "verdict": verdict,
         "noise_floor": floor,
         "accuracy_pass": passed,
@@ -190,14 +186,14 @@ def judge_head_vs_base(judged: dict[str, Any], spec: Mapping[str, Any]) -> None:
         arms["verdict"] = arms["headline"]["verdict"] = "rejected_accuracy"
     arms["headline"]["accuracy_pass"] = passed
     judged["head_vs_base"] = arms
-    judged.update({k: arms[k] for k in ("verdict", *_FIGURES)})
+    judged.update({k: arms[k] for k in ("verdict", *FIGURES)})
     judged["headline"] = {
         **arms["headline"],
         "variant": in_process.get("variant"),
         "baseline": "base",
         "in_process": {
             k: in_process.get(k)
-            for k in ("variant", "baseline", "verdict", *_FIGURES, "noise_floor")
+            for k in ("variant", "baseline", "verdict", *FIGURES, "noise_floor")
         },
     }
     moved = section.get("in_process_baseline")

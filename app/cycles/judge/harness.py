@@ -1,5 +1,6 @@
-"""The control plane's judgement of an experiment's result (DESIGN.md, lesson 9: the code under
-test never judges itself).
+"""The control plane's judgement of an experiment's result (docs/design.md, "The code under test
+never
+judges itself").
 
 The experiment reports raw paired samples, accuracy figures and its environment. `judge`
 recomputes every figure a verdict rests on from them, with the harness's own statistics
@@ -33,11 +34,7 @@ fallback. A result whose status is not "ok" is returned as it is: an error stays
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,59 +42,25 @@ from autopilot_harness import stats
 from autopilot_harness.protocol import Tolerance
 
 from app.cycles.exceptions import Unjudgeable
-from app.cycles.judge_command import JUDGE, MAX_PAIRS, judge_command, judge_head_vs_base
-
-__all__ = ["JUDGE", "MAX_PAIRS", "MAX_COMPARISONS", "disagreements", "judge"]
+from app.cycles.judge.command import judge_head_vs_base
+from app.cycles.judge.figures import FIGURES, JUDGE, MAX_PAIRS
 
 NOT_JUDGED = ("factorial", "study")
 # ... and how much CPU: each comparison is one bootstrap, so their number is bounded too.
 MAX_COMPARISONS = 64
-_FIGURES = ("ratio", "ci_low", "ci_high")
 
 
-#: Judgements already made, by the digest of what they judged (see `judge`), newest last.
-_MADE: OrderedDict[str, dict[str, Any]] = OrderedDict()
-_MADE_MAX = 64
-_made_lock = threading.Lock()
-
-
-def judge(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The judgement of `result` under `spec` (`_judgement`), made once per result. It is a
-    pure computation (seeded bootstraps), so the steps that ask again (analyze, commit and
-    publish each read the job afresh) get a copy of the one already made, not three runs of
-    the bootstraps (16 ms each at 200 samples)."""
-    try:
-        text = json.dumps([result, spec], sort_keys=True, allow_nan=True)
-    except (TypeError, ValueError):  # not what a job's JSON column holds: judge it as it is
-        return _judgement(result, spec)
-    key = hashlib.sha256(text.encode()).hexdigest()
-    with _made_lock:
-        made = _MADE.get(key)
-        if made is not None:
-            _MADE.move_to_end(key)
-    if made is None:
-        made = _judgement(result, spec)  # raises Unjudgeable, which is not kept
-        with _made_lock:
-            _MADE[key] = made
-            while len(_MADE) > _MADE_MAX:
-                _MADE.popitem(last=False)
-    return copy.deepcopy(made)
-
-
-def _judgement(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The judged copy of `result` (the raw report, left untouched) under the job's `spec`:
-    recomputed figures and verdicts, and a `judgement` section with the self-report and the
-    disagreements. Raises `Unjudgeable` when the raw samples or accuracy figures are missing or
-    malformed. A command experiment's result (the spec's `kind`) is judged arm against arm
-    (`judge_command`)."""
-    if spec.get("kind") == "command":
-        return judge_command(result, spec)
+def judge_harness(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The judged copy of a harness experiment's `result` (the raw report, left untouched)
+    under the job's `spec`: recomputed figures and verdicts, and a `judgement` section with the
+    self-report and the disagreements. Raises `Unjudgeable` when the raw samples or accuracy
+    figures are missing or malformed."""
     judged = copy.deepcopy(dict(result))
     if result.get("status") != "ok":
         return judged
     seed, tolerance = _seed(spec), _tolerance(spec)
     lines: list[str] = []
-    claims: dict[str, Any] = {k: result.get(k) for k in ("verdict", *_FIGURES)}
+    claims: dict[str, Any] = {k: result.get(k) for k in ("verdict", *FIGURES)}
 
     comparisons = _comparisons(judged.get("comparisons"), "comparisons")
     passes: dict[str, bool] = {}
@@ -151,12 +114,12 @@ def _judgement(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, 
     baseline_name = head.get("baseline")
     if baseline_name is None and isinstance(baseline, Mapping):
         baseline_name = baseline.get("name")
-    judged.update({k: head[k] for k in ("verdict", *_FIGURES)})
+    judged.update({k: head[k] for k in ("verdict", *FIGURES)})
     judged["headline"] = {
         "variant": head["variant"],
         "baseline": baseline_name,
         "metric": "ratio",
-        **{k: head[k] for k in ("verdict", *_FIGURES)},
+        **{k: head[k] for k in ("verdict", *FIGURES)},
         "noise_floor": floor,
         "accuracy_pass": passes[str(head["variant"])],
     }
@@ -303,7 +266,7 @@ def _compare_claim(
             f"The experiment reported `{verdict}` for {label}; the control plane computed "
             f"`{judged['verdict']}` from its samples."
         )
-    if any(claim.get(k) is not None and _differs(claim.get(k), judged[k]) for k in _FIGURES):
+    if any(claim.get(k) is not None and _differs(claim.get(k), judged[k]) for k in FIGURES):
         lines.append(
             f"The experiment reported ratio {_interval(claim)} for {label}; its samples give "
             f"{_interval(judged)}."
@@ -348,7 +311,7 @@ def _timing(
         # The harness seeds comparison i with seed + 1 + i (experiment._compare).
         estimate = stats.estimate_ratio(a, b, seed=seed + 1 + i)
         verdict = stats.decide(estimate, floor, accuracy_pass=passes[name])
-        claims[name] = {k: comp.get(k) for k in ("verdict", *_FIGURES)}
+        claims[name] = {k: comp.get(k) for k in ("verdict", *FIGURES)}
         judged = {**comp, **estimate.as_dict(), "verdict": verdict}
         _compare_claim(name + label, comp, judged, lines)
         out.append(judged)

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from app.forge.exceptions import GitFailed, ProtectedPathChanged
+from app.git.exceptions import GitFailed, ProtectedPathChanged
 
 CONFIG_NAME = "autopilot.toml"
 ALWAYS_PROTECTED = (CONFIG_NAME, "results/")

@@ -2,7 +2,7 @@
 reach git and placed after `--end-of-options`, only the transports in `ALLOWED_PROTOCOLS`, and
 credentials stripped from every error.
 
-Git on the control host never runs repository content (DESIGN.md, "Hosts and boundaries"):
+Git on the control host never runs repository content (docs/design.md, "Hosts and boundaries"):
 every call disables hooks and fsmonitor, reads no system or global config, and gets a minimal
 environment instead of the service's own (GitPython's `Git.execute` always merges in
 `os.environ`, secrets included, so git is started here with `subprocess` directly).
@@ -30,17 +30,17 @@ from urllib.parse import urlsplit
 from pydantic import SecretStr
 
 from app.errors import AutopilotError
-from app.forge import refstore
-from app.forge.exceptions import (
+from app.git import refstore
+from app.git.exceptions import (
     BaseBranchMissing,
     FetchFailed,
     GitFailed,
     InvalidRef,
     TransportNotAllowed,
 )
-from app.forge.upkeep import Upkeep
+from app.git.upkeep import Upkeep
 from app.projects import schemas as ops_schemas
-from app.settings import redact_text
+from app.redaction import redact_text
 
 log = logging.getLogger(__name__)
 

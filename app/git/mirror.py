@@ -1,6 +1,6 @@
 """Reading a repository through a mirror, on whichever host needs it: a file at a branch's tip
 of a repository not registered yet, and a job's commit fetched by a GPU host and exported clean
-(DESIGN.md, "Hosts and boundaries")."""
+(docs/design.md, "Hosts and boundaries")."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.forge.exceptions import GitFailed, InvalidRef
-from app.forge.git import REMOTE_PREFIX, GitWork
-from app.forge.gitrunner import (
+from app.git.exceptions import GitFailed, InvalidRef
+from app.git.refs import REMOTE_PREFIX
+from app.git.runner import (
     check_branch_name,
     check_url,
     fetch_failure,
     git_program,
     repo_lock,
 )
+from app.git.work import GitWork
 
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from app import svg
+from app.reports import svg_matplotlib as svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -1,0 +1,186 @@
+"""A job's lifecycle: its states, the moves allowed between them and why each exists, and the
+one function through which every state change goes.
+
+    queued ──claim──► leased ──start──► running ──end──► succeeded | failed | cancelled
+      │  ▲                │                │
+      │  └───requeue──────┴────────────────┘   (its lease lapsed: the reaper gives it back)
+      └──────────────► failed | cancelled      (never started: refused, or cancelled waiting)
+
+Callers say what happened; this module decides the state. A GPU worker reports an `Outcome`
+(what ended the run: it completed, failed, timed out, was cancelled, could not start, lost its
+lease); `state_after` turns it into the job's final state. A move the table does not hold is
+refused with `IllegalMove`, naming both states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from app.clock import utcnow
+from app.errors import Conflict
+
+if TYPE_CHECKING:
+    from app.jobs.models import Job
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"  # waiting for a GPU (a reserved job, too: see app/jobs/reservations.py)
+    LEASED = "leased"  # a worker holds its lease and is starting it
+    RUNNING = "running"  # its process runs on the worker's GPU
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+#: Every state, in the order a job moves through them.
+JOB_STATES: tuple[JobState, ...] = tuple(JobState)
+#: Holding a GPU.
+ACTIVE: tuple[JobState, ...] = (JobState.LEASED, JobState.RUNNING)
+#: Nothing more will happen to it.
+FINISHED: tuple[JobState, ...] = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+#: The states as a type, for the API's filter: another value is a 422, not an empty list.
+StateName = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
+assert get_args(StateName) == JOB_STATES
+
+
+@dataclass(frozen=True)
+class Move:
+    """Moves from each of `frm` to each of `to`, who makes them and why they exist."""
+
+    frm: tuple[JobState, ...]
+    to: tuple[JobState, ...]
+    by: str
+    why: str
+
+
+_Q, _L, _R = JobState.QUEUED, JobState.LEASED, JobState.RUNNING
+_S, _F, _C = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
+
+#: Every move a job may make, in the order of its life. Nothing leaves a finished state.
+MOVES: tuple[Move, ...] = (
+    Move((_Q,), (_L,), "repository.claim", "a worker claimed it under the leasing lock"),
+    Move((_Q,), (_R,), "repository.promote", "its worker handed the job it reserved over"),
+    Move(
+        (_Q,),
+        (_F,),
+        "service.fail_unstarted, service.finish",
+        "refused before it started: no host could prepare it, or its reserved run never began",
+    ),
+    Move((_Q,), (_C,), "service.cancel", "cancelled while it waited"),
+    Move((_L,), (_R,), "service.mark_running", "its process started"),
+    Move(
+        (_L, _R),
+        (_Q,),
+        "reaping.reap",
+        "its lease lapsed (the worker stopped heartbeating): given back for another attempt",
+    ),
+    Move((_L, _R), (_S,), "service.finish", "its run completed"),
+    Move(
+        (_L, _R),
+        (_F,),
+        "service.finish, reaping.reap",
+        "its run failed, timed out or never started; or its lease lapsed after its last attempt",
+    ),
+    Move(
+        (_L, _R),
+        (_C,),
+        "service.finish, reaping.reap",
+        "cancelled while it ran; or its lease lapsed after someone asked to cancel it",
+    ),
+)
+
+ALLOWED: dict[tuple[JobState, JobState], Move] = {
+    (frm, to): move for move in MOVES for frm in move.frm for to in move.to
+}
+assert len(ALLOWED) == sum(len(m.frm) * len(m.to) for m in MOVES), "a move listed twice"
+
+
+class End(StrEnum):
+    """What ended a run, as the worker saw it. The worker reports this, never a state."""
+
+    COMPLETED = "completed"  # exited 0 with a result that is not an error
+    FAILED = "failed"  # exited non-zero, reported an error, or its result was unreadable
+    TIMED_OUT = "timed_out"  # killed at its time limit
+    CANCELLED = "cancelled"  # someone asked to cancel it; its processes were killed
+    FAILED_START = "failed_start"  # never ran: launch refused, its files could not be written
+    LEASE_LOST = "lease_lost"  # the worker lost its lease (or reservation) before it ran
+
+
+@dataclass
+class Outcome:
+    """What a worker records of a job it ran (or tried to): `finish` stores it."""
+
+    ended: End
+    exit_code: int | None = None
+    error: str | None = None
+    result: dict[str, Any] | None = None
+    result_path: str | None = None
+    log_path: str | None = None
+    log_tail: str | None = None
+    gpu_seconds: float = 0.0
+    finished_at: datetime = field(default_factory=utcnow)
+
+
+def state_after(ended: End) -> JobState:
+    """The final state of a job whose run ended so."""
+    if ended is End.COMPLETED:
+        return JobState.SUCCEEDED
+    if ended is End.CANCELLED:
+        return JobState.CANCELLED
+    return JobState.FAILED
+
+
+class IllegalMove(Conflict):
+    slug = "illegal-job-move"
+    title = "Job cannot make that move"
+
+
+def _refusal(what: str, frm: str, to: str) -> str:
+    onward = sorted(t for f, t in ALLOWED if f == frm)
+    then = f"from {frm} it may only become {', '.join(onward)}" if onward else f"{frm} is final"
+    return f"{what} cannot move from {frm} to {to}: {then}"
+
+
+def _checked(what: str, frm: str, to: str) -> JobState:
+    pair = (frm, to)
+    if pair not in ALLOWED:  # a str equals its JobState: plain states are looked up too
+        raise IllegalMove(_refusal(what, frm, to), from_state=frm, to_state=to)
+    return JobState(to)
+
+
+def move(job: Job, to: JobState, **fields: Any) -> None:
+    """Move `job` to `to`, setting `fields` with it (its error, its times...); `IllegalMove`,
+    naming both states, when the table holds no such move. The one place a job's state is set.
+    """
+    state = _checked(f"job {job.id}", job.state, to)
+    if "state" in fields:
+        raise TypeError("the state is `to`, not a field")
+    job.state = state.value
+    for name, value in fields.items():
+        setattr(job, name, value)
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A move made by a conditional UPDATE that races other writers: the repository writes
+    `UPDATE job SET **assign ... WHERE state IN frm` and learns from the row count whether it won.
+    """
+
+    frm: tuple[str, ...]
+    to: JobState
+
+    @property
+    def assign(self) -> dict[str, str]:
+        return {"state": self.to.value}
+
+
+def guarded(frm: JobState | tuple[JobState, ...], to: JobState) -> Guarded:
+    """The racing form of a move, checked against the table (at import, where the repository
+    builds it): the states it may start from and the state it sets."""
+    starts = (frm,) if isinstance(frm, JobState) else frm
+    for start in starts:
+        _checked("a job", start, to)
+    return Guarded(tuple(s.value for s in starts), to)
