@@ -8,7 +8,7 @@ from typing import Any
 from app.cycles.headline import headline
 from app.cycles.models import Cycle
 from tests.integration.forge.gitrepo import harness_result
-from tests.unit.forge.test_report_command import command_result
+from tests.unit.reports.test_command import command_result
 
 COMMIT = "c" * 40
 BASE = "b" * 40
