@@ -11,7 +11,6 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -40,17 +39,6 @@ class ReportContext:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class ReportFiles:
-    directory: Path
-    result: Path
-    report: Path
-    plot: Path
-
-    def relative(self, root: Path) -> list[str]:
-        return [str(p.relative_to(root)) for p in (self.result, self.report, self.plot)]
-
-
 def results_dir(cycle_id: str) -> str:
     """`results/<cycle>` relative to the repository root, with the cycle id validated."""
     if not _CYCLE_DIR.fullmatch(cycle_id) or ".." in cycle_id:
@@ -67,18 +55,6 @@ def render_files(result: Mapping[str, Any], context: ReportContext) -> dict[str,
         f"{directory}/REPORT.md": render_markdown(result, context).encode(),
         f"{directory}/plot.svg": render_plot(result).encode(),
     }
-
-
-def write_report(root: Path, result: Mapping[str, Any], context: ReportContext) -> ReportFiles:
-    """Write the three files under `root/results/<cycle>/` and return their paths."""
-    directory = root / results_dir(context.cycle_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    files = ReportFiles(
-        directory, directory / "result.json", directory / "REPORT.md", directory / "plot.svg"
-    )
-    for relative, content in render_files(result, context).items():
-        (root / relative).write_bytes(content)
-    return files
 
 
 # -- reading the result -------------------------------------------------------------------

@@ -11,8 +11,9 @@ from xml.etree import ElementTree
 from markdown_it import MarkdownIt
 
 from app.reports.command import block_ratios
-from app.reports.cycle import ReportContext, render_markdown, render_plot, write_report
+from app.reports.cycle import ReportContext, render_markdown, render_plot
 from tests.integration.forge.gitrepo import harness_result
+from tests.unit.reports.report_files import write_report
 
 BASE = "a1b2c3d4e5f6" + "0" * 28
 HEAD = "d4e5f6a7b8c9" + "1" * 28

@@ -9,8 +9,9 @@ from xml.etree import ElementTree
 import pytest
 
 from app.errors import InvalidInput
-from app.reports.cycle import ReportContext, render_markdown, render_plot, write_report
+from app.reports.cycle import ReportContext, render_markdown, render_plot
 from tests.integration.forge.gitrepo import harness_result
+from tests.unit.reports.report_files import write_report
 
 CONTEXT = ReportContext(
     cycle_id="c0ffee01",
