@@ -1,4 +1,4 @@
-"""A command experiment on its GPU host (DESIGN.md, "Experiment kinds"): the repository's own
+"""A command experiment on its GPU host (docs/design.md, "Experiment kinds"): the repository's own
 program, run from outside, arm against arm.
 
 Preparation (`prepare_arms`, off the GPU): the candidate's tree (the job's head commit) and the
@@ -31,6 +31,7 @@ from app.db import Stores
 from app.errors import InvalidInput
 from app.jobs import paths
 from app.jobs import service as jobs
+from app.jobs.lifecycle import End
 from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects.config import Experiment
@@ -230,7 +231,7 @@ def run_command_job(
         arms = _arms(settings, me, ticket, beat, parameters, on_spawn=spawned)
     except (InvalidInput, OSError, KeyError, ValueError) as exc:
         return jobs.JobOutcome(
-            state="failed",
+            ended=End.FAILED_START,
             error=redact_text(f"cannot read the command job's preparation: {exc}"),
             log_path=str(log_path),
         )
@@ -250,9 +251,9 @@ def run_command_job(
         header.insert(0, confine.UNCONFINED_LOG_LINE)
     records, error = _run_logged(arms, plan, log_path, beat, header)
     # every run's time, a failed one's too: the budgets count GPU time, not verdicts
-    outcome = jobs.JobOutcome(state="failed", log_path=str(log_path), gpu_seconds=arms.spent_s)
+    outcome = jobs.JobOutcome(ended=End.FAILED, log_path=str(log_path), gpu_seconds=arms.spent_s)
     if beat.cancelled:
-        outcome.state, outcome.error = "cancelled", "cancelled while running; its runs stopped"
+        outcome.ended, outcome.error = End.CANCELLED, "cancelled while running; its runs stopped"
     elif error is not None:
         outcome.error = redact_text(error)
     else:
@@ -263,7 +264,7 @@ def run_command_job(
             host=me.host,
         )
         saved = paths.job_dir(settings, ticket.job_id) / "result.json"
-        outcome.state, outcome.exit_code, outcome.result = "succeeded", 0, result
+        outcome.ended, outcome.exit_code, outcome.result = End.COMPLETED, 0, result
         try:  # the DB holds the result; the file is the host's copy
             saved.write_text(json.dumps(result, indent=2))
             outcome.result_path = str(saved)
@@ -296,7 +297,7 @@ def head_vs_base(
             spec=spec,
         )
     except (InvalidInput, OSError, KeyError, ValueError) as exc:
-        outcome.state = "failed"
+        outcome.ended = End.FAILED
         outcome.error = redact_text(f"cannot read the job's arms for head against base: {exc}")
         return outcome
     experiment = arms.experiment
@@ -310,10 +311,10 @@ def head_vs_base(
     records, error = _run_logged(arms, plan, log_path, beat, header)
     outcome.gpu_seconds += arms.spent_s
     if beat.cancelled:
-        outcome.state, outcome.error = "cancelled", "cancelled while running; its runs stopped"
+        outcome.ended, outcome.error = End.CANCELLED, "cancelled while running; its runs stopped"
         return outcome
     if error is not None:
-        outcome.state, outcome.error = "failed", redact_text(f"head against base: {error}")
+        outcome.ended, outcome.error = End.FAILED, redact_text(f"head against base: {error}")
         return outcome
     section = arms.result(
         records, name=ticket.experiment, spec_device=str(spec.get("device", "cpu")), host=me.host

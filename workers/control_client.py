@@ -66,7 +66,12 @@ def branch_unmoved(settings: Settings, url: str, branch: str, sha: str) -> bool:
 
 class LogUploadFailed(Exception):
     """The control host did not take a job's log. The message names the job, the URL and the
-    reason, never the token."""
+    reason, never the token; `status` is the HTTP status the control host answered, None when
+    it did not answer (or the request was never sent)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def upload_log(
@@ -100,4 +105,6 @@ def upload_log(
         raise LogUploadFailed(without_token(f"cannot upload {where}: {reason}", token)) from None
     if response.status_code >= 400:
         reason = f"HTTP {response.status_code}: {problem_detail(response)}"
-        raise LogUploadFailed(without_token(f"cannot upload {where}: {reason}", token))
+        raise LogUploadFailed(
+            without_token(f"cannot upload {where}: {reason}", token), response.status_code
+        )

@@ -26,7 +26,7 @@ import httpx
 import typer
 
 from app import demo_lock, migrate
-from app.cycles import service as cycles
+from app.cycles import states
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.exceptions import ProjectNotFound
@@ -217,7 +217,7 @@ def follow(
             typer.echo(
                 f"  [{time.monotonic() - started:6.1f} s] cycle {cycle_id}: {seen}", err=True
             )
-        if cycle["state"] in cycles.SETTLED:
+        if cycle["state"] in states.SETTLED:
             return cycle
         time.sleep(0.5)
     raise RuntimeError(f"cycle {cycle_id} did not reach review within {timeout:g} s")

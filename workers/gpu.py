@@ -1,9 +1,12 @@
-"""The GPU loop: lease the oldest prepared job of the worker's queue, run it through the
-launcher, record exactly one outcome, and go straight on to the next prepared job without
-waiting for another doorbell; cleanup is batched after release.
+"""The GPU loop: lease the oldest prepared job of the worker's queue (or take the one reserved
+while the last ran), run it through the launcher, have its outcome recorded, and go straight on
+to the next prepared job without waiting for another doorbell; cleanup is batched after release.
 
-Preparation happens before (`prepare.py`, DESIGN.md lesson 3); the parked interpreter for the
-next job is `launcher/spare.py`.
+It composes the objects along the loop's seams: the next job (`next_job.py`: reserved at the
+running job's first line and staged), the parked interpreters (`spares.py`), and the outcome
+recorder (`outcomes.py`: the one path that finishes a job and hands its log to the host's
+outbox, `log_outbox.py`). Jobs are prepared before any GPU is theirs (`prepare.py`;
+docs/design.md, "Preparation stays off the GPU's path").
 """
 
 from __future__ import annotations
@@ -16,27 +19,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from sqlalchemy.orm import Session
 
-from app import broker
 from app.db import Stores
 from app.errors import InvalidInput
 from app.jobs import logs, paths, preparation, reservations
 from app.jobs import service as jobs
-from app.projects import config as project_config
+from app.jobs.lifecycle import End
 from app.redaction import redact_text
 from app.settings import Settings
-from workers import command_runs, control_client, job_trees, prepare
+from workers import command_runs, job_trees, log_outbox, prepare
 from workers.heartbeat import Heartbeat
+from workers.launch_settings import LaunchSettingsCache
 from workers.launcher import confine, execstub, runner, runtime, staging
-from workers.launcher.launch import LaunchError
-from workers.launcher.spare import SpareSlot
+from workers.launcher.launch import LaunchError, LaunchSpec
+from workers.launcher.spare import Spare, SpareSlot
 from workers.next_job import NextJob
+from workers.outcomes import OutcomeRecorder, Settle
+from workers.spares import SparePool
 from workers.tickets import Ticket, WorkerIdentity, first_line_time, job_outcome
 
-__all__ = ["RunLoop", "Ticket", "WorkerIdentity", "first_line_time"]
+__all__ = ["RunLoop", "Settle", "Ticket", "WorkerIdentity", "first_line_time"]
 
 log = logging.getLogger(__name__)
 CLEANUP_BATCH = 8
@@ -49,8 +55,26 @@ def release_all(batch: list[runtime.RuntimeDir]) -> None:
 
 
 @dataclass
-class RunLoop(NextJob):
-    """One GPU worker's loop over its queue (what it does about the next job: NextJob)."""
+class _Launch:
+    """What one job is started with: made ready ahead (`staged`), or a spec with perhaps a
+    parked interpreter."""
+
+    spec: LaunchSpec
+    spare: Spare | None = None
+    staged: staging.Staged | None = None
+    taken: bool = False  # run_job took it (and the staged job with it)
+
+    def close(self, cleanup: list[runtime.RuntimeDir]) -> None:
+        if self.spare is not None:
+            self.spare.close()  # no-op once run_job has used it; kills it if never got there
+        if self.staged is not None and not self.taken:
+            self.staged.abandon()  # run_job never got it (the job's folder failed first)
+        cleanup.append(self.spec.runtime)
+
+
+@dataclass
+class RunLoop:
+    """One GPU worker's loop over its queue."""
 
     stores: Stores
     settings: Settings
@@ -63,40 +87,50 @@ class RunLoop(NextJob):
     exec_stub: bool = False
     #: Prepares this host's next jobs while the GPU runs one; None prepares only when idle.
     preparer: prepare.Preparer | None = None
-    #: Launch settings read for the job in line and the job running (by source, experiment).
-    _launches: dict[tuple[str, str], prepare.LaunchSettings] = field(default_factory=dict)
-    #: The job reserved to run next (`reservations.py`), while the current one runs.
-    reserved: Ticket | None = None
-    #: Set by the heartbeat thread when the reservation was lost or cancelled.
-    _reservation_lost: int | None = None
-    #: The reserved job, made ready to start (job id, what `runner.run_job` takes).
-    _staged: tuple[int, staging.Staged] | None = None
+    #: Sends finished jobs' logs from the host's outbox (default: this process's sender).
+    sender: log_outbox.LogSender | None = None
     #: Clean-ups of the last job (its killed cgroup's removal) kept off the GPU's idle gap:
     #: run once the next job has started, or when the loop ends.
     _after_start: list[Callable[[], None]] = field(default_factory=list)
     _loop_thread: int | None = None  # the thread that runs the loop (and its jobs)
+    pool: SparePool = field(init=False)
+    next: NextJob = field(init=False)
+    recorder: OutcomeRecorder = field(init=False)
+    launches: LaunchSettingsCache = field(init=False)
+
+    def __post_init__(self) -> None:
+        sender = self.sender or log_outbox.sender_for(self.stores, self.settings)
+        self.pool = SparePool(self.settings, self.me, self.spares)
+        self.next = NextJob(
+            self.stores, self.settings, self.me, self.pool, self.pending_cleanup.append
+        )
+        self.recorder = OutcomeRecorder(self.stores, self.settings, self.me.name, sender)
+        self.launches = LaunchSettingsCache(self.settings)
+
+    # -- the loop ----------------------------------------------------------------------------
 
     def run_available(self) -> int:
         """Run prepared jobs until none is left; returns how many ran.
 
-        Each job's outcome is stored in the same transaction that leases the next job: one
-        commit between two jobs instead of two, which is GPU idle time (bench/handoff.py).
+        Each job's outcome is stored in the same transaction that leases the next job (or
+        starts the reserved one): one commit between two jobs instead of two, which is GPU
+        idle time (bench/handoff.py).
         """
         ran = 0
-        done: tuple[Ticket, jobs.JobOutcome] | None = None
+        done: Settle | None = None
         self._loop_thread = threading.get_ident()
         try:
             while True:
                 # (on an error it has stored the outcome itself before raising)
                 finished, done = done, None
-                reserved = self._take_reservation()
+                reserved = self.next.take()
                 if reserved is not None and finished is not None:
                     # The next job was reserved while this one ran: it starts now, and this
                     # one's outcome is stored with its start, off the GPU's idle gap.
-                    done = (reserved, self._run_reserved(reserved, Settle(*finished)))
+                    done = Settle(reserved, self._run_reserved(reserved, finished))
                     ran += 1
                     continue
-                ticket = self._settle_and_lease(finished)
+                ticket = self.recorder.record(finished, self._lease_next)
                 if ticket is None:
                     # Nothing is ready on this host: the GPU is idle anyway, so prepare the
                     # first job in line here now (another host may have prepared it already),
@@ -106,20 +140,39 @@ class RunLoop(NextJob):
                     ):
                         continue
                     break
-                if len(self.pending_cleanup) >= CLEANUP_BATCH:
-                    # Off the GPU's path and after the outcomes are stored: a slow removal
-                    # never holds a finished job's lease past its TTL.
-                    batch, self.pending_cleanup = self.pending_cleanup, []
-                    threading.Thread(
-                        target=self._clean, args=(batch,), name="runtime-cleanup", daemon=True
-                    ).start()
-                done = (ticket, self.run_one(ticket))
+                self._clean_when_due()
+                done = Settle(ticket, self.run_one(ticket))
                 ran += 1
         finally:
-            self._release_reservation()
+            self.next.release()
             self.cleanup()
         self.ready_exec_stub()  # the next doorbell's first job starts from it (not on an error)
         return ran
+
+    def _lease_next(self, session: Session) -> Ticket | None:
+        job = jobs.lease_next(
+            session,
+            self.settings,
+            queue=self.me.queue,
+            worker=self.me.name,
+            device=self.me.device,
+            host=self.me.host,
+        )
+        if job is None:
+            return None
+        jobs.set_current_job(session, self.me.name, job.id)
+        return Ticket.of(job)
+
+    def _run_reserved(self, ticket: Ticket, settle: Settle) -> jobs.JobOutcome:
+        try:
+            return self.run_one(ticket, settle=settle)
+        finally:
+            if not settle.stored:  # it never started (or failed before its start was recorded)
+                self.recorder.record_alone(settle)
+
+    def renew_reservation(self, session: Session) -> None:
+        """Called by the running job's heartbeat (same transaction): keep the reservation."""
+        self.next.renew(session)
 
     def ready_exec_stub(self) -> None:
         """Have a stub wait for the next cold start (an unconfined job's: a sandboxed job starts
@@ -127,19 +180,7 @@ class RunLoop(NextJob):
         if self.exec_stub and self.settings.sandbox != "on":
             execstub.prepare()
 
-    def _run_reserved(self, ticket: Ticket, settle: Settle) -> jobs.JobOutcome:
-        try:
-            return self.run_one(ticket, settle=settle)
-        finally:
-            if not settle.stored:  # it never started (or failed before its start was recorded)
-                self._store_alone(settle)
-
-    def _store_alone(self, settle: Settle) -> None:
-        with self.stores.ops_session() as session:
-            cycle_id = self._finish(session, settle.ticket, settle.outcome)
-        settle.stored = True
-        self._ring(cycle_id)
-        self._upload_log(settle.ticket.job_id)
+    # -- a job's start -------------------------------------------------------------------------
 
     def _started(
         self,
@@ -154,26 +195,36 @@ class RunLoop(NextJob):
         that no DB work competes with the job's own start-up). A reservation lost or
         cancelled raises LeaseLost (the caller kills what it started); the previous outcome is
         stored on its own then."""
-        cycle_id: int | None = None
-        try:
-            with self.stores.ops_session() as session:
-                if settle is not None:
-                    cycle_id = self._finish(session, settle.ticket, settle.outcome)
-                if ticket.reserved:
-                    reservations.start_reserved(session, ticket.job_id, self.me.name, pid, pgid)
-                elif pid is not None and pgid is not None:
-                    jobs.mark_running(session, ticket.job_id, self.me.name, pid, pgid)
-                if first_line_at is not None:
-                    jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line_at)
-        except jobs.LeaseLost:
-            if settle is not None:
-                self._store_alone(settle)
-            raise
-        if settle is not None:
-            settle.stored = True  # (committed: nothing below may make it pending again)
-            self._ring(cycle_id)
-            self._upload_log(settle.ticket.job_id)
+        mark = functools.partial(self._mark_started, ticket, pid, pgid, first_line_at)
+        self.recorder.record(settle, mark)
         self._run_after_start()
+
+    def _mark_started(
+        self,
+        ticket: Ticket,
+        pid: int | None,
+        pgid: int | None,
+        first_line_at: datetime | None,
+        session: Session,
+    ) -> None:
+        if ticket.reserved:
+            reservations.start_reserved(session, ticket.job_id, self.me.name, pid, pgid)
+        elif pid is not None and pgid is not None:
+            jobs.mark_running(session, ticket.job_id, self.me.name, pid, pgid)
+        if first_line_at is not None:
+            jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line_at)
+
+    def _spawned(
+        self, ticket: Ticket, pid: int, pgid: int, beat: Heartbeat, settle: Settle | None
+    ) -> None:
+        beat.pgid = pgid
+        beat.spawned_at = beat.spawned_at or time.time()
+        beat.start()
+        if ticket.reserved:
+            # Recorded with its first line (or its first heartbeat, or its end, if sooner).
+            beat.pending_start = functools.partial(self._started, ticket, settle, pid, pgid)
+        else:
+            self._started(ticket, settle, pid, pgid)
 
     def _defer(self, task: Callable[[], None]) -> None:
         self._after_start.append(task)
@@ -190,81 +241,194 @@ class RunLoop(NextJob):
             except Exception:
                 log.warning("a clean-up after the job's start failed", exc_info=True)
 
-    def _settle_and_lease(self, done: tuple[Ticket, jobs.JobOutcome] | None) -> Ticket | None:
-        """Store the finished job's outcome (if any) and lease the next job, in one transaction.
+    # -- one job -------------------------------------------------------------------------------
 
-        Should leasing fail, the outcome is stored on its own before the error propagates:
-        a job that ran is never left to lapse and run again.
-        """
-        cycle_id: int | None = None
-        ticket: Ticket | None = None
+    def run_one(self, ticket: Ticket, settle: Settle | None = None) -> jobs.JobOutcome:
+        """Run one leased (or reserved) job; returns its outcome for the loop to record.
+        `settle`, the previous job's outcome, is stored with this job's start."""
+        log_path = paths.log_path(self.settings, ticket.job_id)
+        if ticket.spec.get("kind") == "command":  # the repository's own program, run arm by arm
+            return self._command(ticket, settle, log_path)
         try:
-            with self.stores.ops_session() as session:
-                if done is not None:
-                    cycle_id = self._finish(session, *done)
-                job = jobs.lease_next(
-                    session,
-                    self.settings,
-                    queue=self.me.queue,
-                    worker=self.me.name,
-                    device=self.me.device,
-                    host=self.me.host,
-                )
-                if job is not None:
-                    jobs.set_current_job(session, self.me.name, job.id)
-                    ticket = Ticket.of(job)
-        except Exception:
-            if done is None:
-                raise
-            with self.stores.ops_session() as session:
-                cycle_id = self._finish(session, *done)
-            self._ring(cycle_id)
-            raise
-        self._ring(cycle_id)
-        if done is not None:
-            self._upload_log(done[0].job_id)
-        return ticket
+            launch_settings = self.launches.of(ticket)
+        except (InvalidInput, OSError) as exc:  # its source or config is gone since it was prepared
+            return jobs.JobOutcome(
+                ended=End.FAILED_START,
+                error=redact_text(f"cannot read its launch settings in {ticket.workdir}: {exc}"),
+                log_path=str(log_path),
+            )
+        launch = self._launch_for(ticket, launch_settings)
+        try:
+            result = self._run_logged(ticket, settle, launch, launch_settings, log_path)
+        finally:
+            launch.close(self.pending_cleanup)
+        result.log_tail = logs.tail_text(log_path, paths.LOG_TAIL_BYTES)
+        return result
 
-    def _upload_log(self, job_id: int) -> None:
-        """The whole log to the control host, after the outcome is stored and off the GPU's
-        path; should it fail, the tail in the DB is what the control host shows."""
+    def _launch_for(self, ticket: Ticket, launch_settings: prepare.LaunchSettings) -> _Launch:
+        staged = self.next.staged_for(ticket)
+        if staged is not None:  # made ready while the previous job ran, perhaps started
+            return _Launch(staged.job, staged=staged)
+        spare, spec = self.pool.launch_spec(ticket, launch_settings)
+        return _Launch(spec, spare=spare)
 
-        def upload() -> None:
+    def _run_logged(
+        self,
+        ticket: Ticket,
+        settle: Settle | None,
+        launch: _Launch,
+        launch_settings: prepare.LaunchSettings,
+        log_path: Path,
+    ) -> jobs.JobOutcome:
+        """Run the job with its log open; its outcome, from what the runner saw."""
+        beat = Heartbeat(self, ticket.job_id)
+        if launch.staged is not None:
+            beat.spawned_at = launch.staged.started_wall  # handed over at the last job's exit
+        ran: runner.Outcome | jobs.JobOutcome | None = None
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a", encoding="utf-8") as log_file:
+                if self.settings.sandbox != "on":
+                    log_file.write(confine.UNCONFINED_LOG_LINE + "\n")
+                    log_file.flush()
+                ran = self._supervise(ticket, settle, launch, launch_settings, log_file, beat)
+                if isinstance(ran, runner.Outcome):
+                    self._note_launch(ticket, ran, log_file)
+            if not isinstance(ran, runner.Outcome):
+                return ran
+            result = job_outcome(self.settings, ticket, ran, None, beat.cancelled, log_path)
+            if result.ended is End.COMPLETED and ticket.spec.get("head_vs_base"):
+                beat = Heartbeat(self, ticket.job_id)  # the code changed: base against head too
+                result = command_runs.head_vs_base(self.settings, self.me, ticket, result, beat)
+            return result
+        except OSError as exc:
+            # The job's folder cannot be written (its filesystem is full or read-only): record
+            # that as the outcome now. Raising would leave the lease to lapse and the job to be
+            # retried blind until it failed as "lease expired", with the cause lost.
+            return jobs.JobOutcome(
+                ended=End.FAILED_START,
+                error=f"cannot write the job's files in {log_path.parent}: {exc.strerror or exc}",
+                log_path=str(log_path),
+                gpu_seconds=ran.duration_s if isinstance(ran, runner.Outcome) else 0.0,
+            )
+
+    def _supervise(
+        self,
+        ticket: Ticket,
+        settle: Settle | None,
+        launch: _Launch,
+        launch_settings: prepare.LaunchSettings,
+        log_file: IO[str],
+        beat: Heartbeat,
+    ) -> runner.Outcome | jobs.JobOutcome:
+        """The runner's outcome, or the failure that kept the job from running (its start
+        refused, its lease or reservation lost)."""
+        on_event = self._event_handler(ticket, launch_settings, log_file, beat)
+        log_path = str(paths.log_path(self.settings, ticket.job_id))
+        outcome: runner.Outcome | jobs.JobOutcome
+        try:
+            launch.taken = True
+            outcome = runner.run_job(
+                launch.spec,
+                limits=runner.Limits(timeout_s=ticket.time_limit_s),
+                on_event=on_event,
+                on_spawn=lambda pid, pgid: self._spawned(ticket, pid, pgid, beat, settle),
+                spare=launch.spare,
+                deferred=self._defer,
+                staged=launch.staged,
+                on_exit=self.next.go,
+            )
+        except LaunchError as exc:
+            outcome = jobs.JobOutcome(ended=End.FAILED_START, error=str(exc), log_path=log_path)
+        except jobs.LeaseLost as exc:
+            outcome = jobs.JobOutcome(ended=End.LEASE_LOST, error=str(exc), log_path=log_path)
+        finally:
+            beat.stop(wait=False)
+            self._defer(beat.join)
+        try:
+            beat.record_start()  # a reserved job that ended before its first line
+        except jobs.LeaseLost as exc:
+            outcome = jobs.JobOutcome(ended=End.LEASE_LOST, error=str(exc), log_path=log_path)
+        return outcome
+
+    @staticmethod
+    def _note_launch(ticket: Ticket, outcome: runner.Outcome, log_file: IO[str]) -> None:
+        """How the job started, then its output, in its log."""
+        if ticket.reserved:
+            log_file.write("[launch] reserved while the previous job ran\n")
+        if outcome.launch == "spare":
+            log_file.write("[launch] handed to the parked interpreter\n")
+        elif outcome.spare_missed:
+            log_file.write(f"[launch] started cold: {outcome.spare_missed}\n")
+        if outcome.launch == "stub":
+            log_file.write(
+                f"[launch] started cold by the worker's exec stub, in cgroup "
+                f"{outcome.cgroup or '?'}\n"
+            )
+        log_file.write(outcome.stdout)
+        log_file.write(outcome.stderr)
+
+    def _command(self, ticket: Ticket, settle: Settle | None, log_path: Path) -> jobs.JobOutcome:
+        if ticket.reserved:
             try:
-                control_client.upload_log(
-                    self.settings, job_id, paths.log_path(self.settings, job_id)
-                )
-            except control_client.LogUploadFailed as exc:
-                log.warning("%s", exc)
+                self._started(ticket, settle, None, None)
+            except jobs.LeaseLost as exc:
+                return jobs.JobOutcome(ended=End.LEASE_LOST, error=str(exc), log_path=str(log_path))
+        beat = Heartbeat(self, ticket.job_id)
+        result = command_runs.run_command_job(
+            self.stores, self.settings, self.me, ticket, beat, preparer=self.preparer,
+            spares=self.spares,
+        )  # fmt: skip
+        result.log_tail = logs.tail_text(log_path, paths.LOG_TAIL_BYTES)
+        return result
 
-        threading.Thread(target=upload, name=f"log-upload-{job_id}", daemon=True).start()
+    # -- at the job's first line: what follows ---------------------------------------------------
 
-    def _finish(self, session: Session, ticket: Ticket, result: jobs.JobOutcome) -> int | None:
-        try:
-            return jobs.finish(session, ticket.job_id, self.me.name, result).cycle_id
-        except jobs.LeaseLost:
-            log.warning("job %s: lease lost before finishing; outcome discarded", ticket.job_id)
-            return None
+    def _event_handler(
+        self, ticket: Ticket, launch: prepare.LaunchSettings, log_file: IO[str], beat: Heartbeat
+    ) -> Callable[[dict[str, Any]], None]:
+        def on_event(event: dict[str, Any]) -> None:
+            kind = event.get("type")
+            if kind == "started":
+                self._on_first_line(ticket, launch, beat, event.get("at"))
+            if kind in ("log", "progress"):
+                log_file.write(logs.event_line(event) + "\n")
+                log_file.flush()
 
-    def _launch(self, ticket: Ticket) -> prepare.LaunchSettings:
-        """The runner's settings for `ticket`, from the project config in its source."""
-        key = (ticket.workdir, ticket.experiment)
-        found = self._launches.get(key)
-        if found is None:
-            # From the copy its preparation kept, never from the export (the job's to write).
-            path = paths.launch_config(self.settings, ticket.job_id)
-            cfg = project_config.parse(path.read_text(encoding="utf-8"), str(path))
-            found = prepare.launch_settings(cfg, ticket.experiment)
-            # Two are kept: the next job's, read while this one ran (for its spare), is then
-            # found here at its lease, off the GPU's idle gap.
-            self._launches = {**dict(list(self._launches.items())[-1:]), key: found}
-        return found
+        return on_event
 
-    def _launch_or(self, ticket: Ticket, default: prepare.LaunchSettings) -> prepare.LaunchSettings:
-        try:
-            return self._launch(ticket)
-        except (InvalidInput, OSError):  # its run reports that; no spare is parked for it
-            return default
+    def _on_first_line(
+        self, ticket: Ticket, launch: prepare.LaunchSettings, beat: Heartbeat, reported: Any
+    ) -> None:
+        if self.preparer is not None:
+            self.preparer.kick()  # the job's start is behind it: prepare what follows
+        self._record_first_line(ticket, beat, reported)
+        self._ready_next(ticket, launch)
+        self.ready_exec_stub()  # after the next job's own start is under way
+
+    def _record_first_line(self, ticket: Ticket, beat: Heartbeat, reported: Any) -> None:
+        """The end of the GPU's idle gap; a reserved job's start is recorded with it."""
+        at = first_line_time(reported, lower=beat.spawned_at, upper=time.time())
+        first_line = datetime.fromtimestamp(at, UTC)
+        if not beat.record_start(first_line_at=first_line):
+            with self.stores.ops_session() as session:
+                jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line)
+
+    def _ready_next(self, ticket: Ticket, launch: prepare.LaunchSettings) -> None:
+        """The job's own start is behind it: reserve the next job now, and park its interpreter
+        (else for the job first in line, else for one like this one), and stage it; the exec
+        stub the job may have used up is replaced for a later cold start."""
+        reserved = self.next.reserve()
+        if not self.pool.parking:
+            return
+        after, hint = (
+            (reserved, self.launches.of_or(reserved, launch))
+            if reserved is not None
+            else self._next_in_line(ticket, launch)
+        )
+        parked = self.pool.park_for(after, hint, known=after.job_id != ticket.job_id)
+        if parked and reserved is not None:
+            self.next.stage(reserved, hint)
 
     def _next_in_line(
         self, current: Ticket, launch: prepare.LaunchSettings
@@ -275,203 +439,30 @@ class RunLoop(NextJob):
                 ready = preparation.preparation_on(session, job.id, self.me.host) if job else None
                 ticket = Ticket.of(job, ready) if job is not None and ready is not None else None
             if ticket is not None:
-                return ticket, self._launch(ticket)
+                return ticket, self.launches.of(ticket)
         except Exception:  # a hint only
             log.debug("could not read the next job in line", exc_info=True)
         return current, launch
 
-    def _ring(self, cycle_id: int | None) -> None:
-        if cycle_id is None:
-            return
-        try:
-            broker.ring_advance(self.settings, cycle_id)
-        except Exception:  # the broker is away: the reaper re-rings stale cycles (cycles.stale)
-            log.warning("cycle %s: advance doorbell not sent", cycle_id, exc_info=True)
+    # -- cleanup -------------------------------------------------------------------------------
+
+    def _clean_when_due(self) -> None:
+        if len(self.pending_cleanup) >= CLEANUP_BATCH:
+            # Off the GPU's path and after the outcomes are stored: a slow removal never holds
+            # a finished job's lease past its TTL.
+            batch = self.pending_cleanup[:]
+            self.pending_cleanup.clear()  # (the list NextJob discards into: kept, emptied)
+            threading.Thread(
+                target=self._clean, args=(batch,), name="runtime-cleanup", daemon=True
+            ).start()
 
     def cleanup(self) -> None:
         self._run_after_start()
-        batch, self.pending_cleanup = self.pending_cleanup, []
+        batch = self.pending_cleanup[:]
+        self.pending_cleanup.clear()
         self._clean(batch)
 
     def _clean(self, batch: list[runtime.RuntimeDir]) -> None:
         """Finished jobs' runtime dirs, and (every few minutes) their exported trees."""
         release_all(batch)
         job_trees.sweep_in_background(self.stores, self.settings)
-
-    def run_one(self, ticket: Ticket, settle: Settle | None = None) -> jobs.JobOutcome:
-        """Run one leased (or reserved) job; returns its outcome for `_settle_and_lease` to
-        store. `settle`, the previous job's outcome, is stored with this job's start."""
-        log_path = paths.log_path(self.settings, ticket.job_id)
-        if ticket.spec.get("kind") == "command":  # the repository's own program, run arm by arm
-            if ticket.reserved:
-                try:
-                    self._started(ticket, settle, None, None)
-                except jobs.LeaseLost as exc:
-                    return jobs.JobOutcome(state="failed", error=str(exc), log_path=str(log_path))
-            return self._command(ticket)
-        try:
-            launch_settings = self._launch(ticket)
-        except (InvalidInput, OSError) as exc:  # its source or config is gone since it was prepared
-            return jobs.JobOutcome(
-                state="failed",
-                error=redact_text(f"cannot read its launch settings in {ticket.workdir}: {exc}"),
-                log_path=str(log_path),
-            )
-        sandboxed = self.settings.sandbox == "on"
-        staged = self._staged_for(ticket)
-        if staged is not None:  # made ready while the previous job ran, perhaps started
-            spare, launch = None, staged.job
-        else:
-            spare, launch = self._launch_spec(ticket, launch_settings)
-        rt = launch.runtime
-        beat = Heartbeat(self, ticket.job_id)
-        if staged is not None:
-            beat.spawned_at = staged.started_wall  # handed over at the last job's exit
-        outcome: runner.Outcome | None = None
-        ran = False  # run_job took the launch (and the staged job with it)
-        try:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "a", encoding="utf-8") as log_file:
-                if not sandboxed:
-                    log_file.write(confine.UNCONFINED_LOG_LINE + "\n")
-                    log_file.flush()
-                on_event = self._event_handler(ticket, launch_settings, log_file, beat)
-                try:
-                    ran = True
-                    outcome = runner.run_job(
-                        launch,
-                        limits=runner.Limits(timeout_s=ticket.time_limit_s),
-                        on_event=on_event,
-                        on_spawn=lambda pid, pgid: self._spawned(ticket, pid, pgid, beat, settle),
-                        spare=spare,
-                        deferred=self._defer,
-                        staged=staged,
-                        on_exit=self._go_next,
-                    )
-                    error = None
-                except (LaunchError, jobs.LeaseLost) as exc:
-                    outcome, error = None, str(exc)
-                finally:
-                    beat.stop(wait=False)
-                    self._defer(beat.join)
-                try:
-                    beat.record_start()  # a reserved job that ended before its first line
-                except jobs.LeaseLost as exc:
-                    outcome, error = None, str(exc)
-                if outcome is not None:
-                    if ticket.reserved:
-                        log_file.write("[launch] reserved while the previous job ran\n")
-                    if outcome.launch == "spare":
-                        log_file.write("[launch] handed to the parked interpreter\n")
-                    elif outcome.spare_missed:
-                        log_file.write(f"[launch] started cold: {outcome.spare_missed}\n")
-                    if outcome.launch == "stub":
-                        log_file.write(
-                            f"[launch] started cold by the worker's exec stub, in cgroup "
-                            f"{outcome.cgroup or '?'}\n"
-                        )
-                    log_file.write(outcome.stdout)
-                    log_file.write(outcome.stderr)
-            result = job_outcome(self.settings, ticket, outcome, error, beat.cancelled, log_path)
-            if result.state == "succeeded" and ticket.spec.get("head_vs_base"):
-                beat = Heartbeat(self, ticket.job_id)  # the code changed: base against head too
-                result = command_runs.head_vs_base(self.settings, self.me, ticket, result, beat)
-        except OSError as exc:
-            # The job's folder cannot be written (its filesystem is full or read-only): record
-            # that as the outcome now. Raising would leave the lease to lapse and the job to be
-            # retried blind until it failed as "lease expired", with the cause lost.
-            result = jobs.JobOutcome(
-                state="failed",
-                error=f"cannot write the job's files in {log_path.parent}: {exc.strerror or exc}",
-                log_path=str(log_path),
-                gpu_seconds=outcome.duration_s if outcome is not None else 0.0,
-            )
-        finally:
-            if spare is not None:
-                spare.close()  # no-op once run_job has used it; kills it if we never got there
-            if staged is not None and not ran:
-                staged.abandon()  # run_job never got it (the job's folder failed first)
-            self.pending_cleanup.append(rt)
-        result.log_tail = logs.tail_text(log_path, paths.LOG_TAIL_BYTES)
-        return result
-
-    def _command(self, ticket: Ticket) -> jobs.JobOutcome:
-        beat = Heartbeat(self, ticket.job_id)
-        result = command_runs.run_command_job(
-            self.stores, self.settings, self.me, ticket, beat, preparer=self.preparer,
-            spares=self.spares,
-        )  # fmt: skip
-        result.log_tail = logs.tail_text(
-            paths.log_path(self.settings, ticket.job_id), paths.LOG_TAIL_BYTES
-        )
-        return result
-
-    def _spawned(
-        self, ticket: Ticket, pid: int, pgid: int, beat: Heartbeat, settle: Settle | None
-    ) -> None:
-        beat.pgid = pgid
-        beat.spawned_at = beat.spawned_at or time.time()
-        beat.start()
-        if ticket.reserved:
-            # Recorded with its first line (or its first heartbeat, or its end, if sooner).
-            beat.pending_start = functools.partial(self._started, ticket, settle, pid, pgid)
-        else:
-            self._started(ticket, settle, pid, pgid)
-
-    def _event_handler(
-        self, ticket: Ticket, launch: prepare.LaunchSettings, log_file: Any, beat: Heartbeat
-    ) -> Callable[[dict[str, Any]], None]:
-        def on_event(event: dict[str, Any]) -> None:
-            kind = event.get("type")
-            if kind == "started":
-                if self.preparer is not None:
-                    self.preparer.kick()  # the job's start is behind it: prepare what follows
-                now = time.time()
-                at = first_line_time(event.get("at"), lower=beat.spawned_at, upper=now)
-                first_line = datetime.fromtimestamp(at, UTC)
-                if not beat.record_start(first_line_at=first_line):
-                    with self.stores.ops_session() as session:
-                        jobs.mark_first_line(session, ticket.job_id, self.me.name, first_line)
-                # The job's own start is behind it: reserve the next job now, and park its
-                # interpreter (else for the job first in line, else for one like this one);
-                # the exec stub the job may have used up is replaced for a later cold start.
-                reserved = self._reserve()
-                if self.spares is not None and self.settings.gpu_spare_interpreter:
-                    after, hint = (
-                        (reserved, self._launch_or(reserved, launch))
-                        if reserved is not None
-                        else self._next_in_line(ticket, launch)
-                    )
-                    sandboxed, known = self.settings.sandbox == "on", after.job_id != ticket.job_id
-                    # A sandboxed spare binds its job's export: none is known, none is parked;
-                    # a command job (no entry) runs no interpreter of ours.
-                    if (not sandboxed or known) and hint.entry is not None:
-                        self.spares.prestart(
-                            state_dir=self.settings.state_dir.absolute(),
-                            venv=after.venv,
-                            suffix_len=hint.socket_suffix_len,
-                            requirements_hash=hint.requirements_hash,
-                            preload=hint.preload,
-                            cuda_visible_devices=self.me.device or None,
-                            sandboxed=sandboxed,
-                            network=hint.network,
-                            workdir=after.workdir,
-                            cgroup_name=confine.job_cgroup_name(after.job_id) if known else None,
-                        )
-                        if reserved is not None:
-                            self._stage_next(reserved, hint)
-                self.ready_exec_stub()  # after the next job's own start is under way
-            if kind in ("log", "progress"):
-                log_file.write(logs.event_line(event) + "\n")
-                log_file.flush()
-
-        return on_event
-
-
-@dataclass
-class Settle:
-    """A finished job whose outcome is stored with the next job's start (or on its own)."""
-
-    ticket: Ticket
-    outcome: jobs.JobOutcome
-    stored: bool = False

@@ -1,9 +1,9 @@
 """`autopilot doctor gpu-host`: a GPU host's settings, each checked against the real services.
 
 A GPU host holds the broker URL, the ops DB URL, the API's URL with a `worker` token, and a state
-dir of its own; never a forge credential, the memory DB or the session secret (DESIGN.md, "Hosts
-and boundaries"). Each check says what is wrong and what to do. No secret value is printed: every
-line goes through the same masking as the logs.
+dir of its own; never a forge credential, the memory DB or the session secret (docs/design.md,
+"Hosts and boundaries"). Each check says what is wrong and what to do. No secret value is
+printed: every line goes through the same masking as the logs.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.clock import utcnow
 from app.jobs import paths
+from app.jobs.lifecycle import End
 from app.jobs.service import JobOutcome
 from app.settings import Settings
 from workers.launcher import runner
@@ -99,34 +100,35 @@ def job_outcome(
     cancelled: bool,
     log_path: Path,
 ) -> JobOutcome:
-    """The job's outcome as the worker records it, from what the runner saw."""
+    """The job's outcome as the worker records it, from what the runner saw: what ended the
+    run (the lifecycle makes the job's state of it). No runner outcome: it never started."""
     if outcome is None:
-        return JobOutcome(state="failed", error=error, log_path=str(log_path))
+        return JobOutcome(ended=End.FAILED_START, error=error, log_path=str(log_path))
     result = outcome.result if isinstance(outcome.result, dict) else None
     if result is not None:
         # The worker's record, not the child's: whatever the job wrote under this key.
         result = {**result, "sandbox": settings.sandbox}
-    state, message = "succeeded", None
+    ended, message = End.COMPLETED, None
     if cancelled:
-        state, message = "cancelled", "cancelled while running; its process group was killed"
+        ended, message = End.CANCELLED, "cancelled while running; its process group was killed"
     elif outcome.timed_out:
-        state, message = "failed", f"time limit of {ticket.time_limit_s:g} s exceeded"
+        ended, message = End.TIMED_OUT, f"time limit of {ticket.time_limit_s:g} s exceeded"
     elif outcome.returncode != 0:
-        state = "failed"
+        ended = End.FAILED
         message = f"exited with {outcome.signal or outcome.returncode}: " + (
             last_line(outcome.stderr) or last_line(outcome.stdout) or "no output"
         )
     elif outcome.result_error:
-        state, message = "failed", outcome.result_error
+        ended, message = End.FAILED, outcome.result_error
     elif result is not None and result.get("status") == "error":
-        state, message = "failed", f"experiment error: {result.get('error')}"
+        ended, message = End.FAILED, f"experiment error: {result.get('error')}"
     result_path = None
     if result is not None:
         saved = paths.job_dir(settings, ticket.job_id) / "result.json"
         saved.write_text(json.dumps(result, indent=2))
         result_path = str(saved)
     return JobOutcome(
-        state=state,
+        ended=ended,
         exit_code=outcome.returncode,
         error=message,
         result=result,

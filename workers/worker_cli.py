@@ -48,7 +48,7 @@ def worker_gpu(
 
     from app.db import Stores
     from app.jobs import service as jobs
-    from workers import gpu, tasks
+    from workers import gpu, log_outbox, tasks
     from workers.celery_app import celery
 
     me = gpu.WorkerIdentity.for_device(kind, "" if kind == "cpu" else device)
@@ -56,6 +56,9 @@ def worker_gpu(
     tasks.IDENTITY = me
     with Stores.from_settings(settings).ops_session() as session:
         jobs.register_worker(session, me.name, kind, device)
+    # The logs a worker of this host left in its outbox (killed after storing an outcome,
+    # before the control host had the log) are sent from now on, off any job's path.
+    log_outbox.sender_for(tasks.stores(), settings)
     if settings.sandbox != "on":
         from workers.launcher import execstub
 

@@ -25,9 +25,9 @@ from app.cli.common import (
 )
 from app.cli.local import follow_job, job_row
 from app.errors import AutopilotError
-from app.jobs import paths
+from app.jobs import paths, submission
 from app.jobs import service as jobs
-from app.jobs.models import JOB_STATES
+from app.jobs.lifecycle import JOB_STATES
 from app.jobs.schemas import Scalar
 from app.projects import service as ops
 
@@ -79,10 +79,12 @@ def job_submit(
     stores = open_stores(settings)
     try:
         shown = job_row(
-            jobs.submit_and_ring(stores, settings, project, experiment, parameters, queue=queue),
+            submission.submit_and_ring(
+                stores, settings, project, experiment, parameters, queue=queue
+            ),
             project,
         )
-    except jobs.DoorbellNotSent as exc:  # the job is stored; the reaper rings again
+    except submission.DoorbellNotSent as exc:  # the job is stored; the reaper rings again
         shown = job_row(exc.job, project)
         typer.echo(
             f"warning: job {shown['id']} is stored but its doorbell was not sent "

@@ -21,7 +21,7 @@ from app.cycles.schemas import CycleOut, StepOut
 from app.db import Stores
 from app.jobs import logs
 from app.jobs import service as jobs
-from app.jobs.models import FINISHED
+from app.jobs.lifecycle import FINISHED
 from app.jobs.schemas import JobOut
 from app.memory import service as memory
 from app.projects import service as projects

@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import broker, db
-from app.cycles import repository, service
+from app.cycles import lifecycle, repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.models import CycleStep
 from app.cycles.steps import BY_STATE, Step
@@ -120,4 +120,6 @@ class Machine:
     def _fail(self, cycle_id: int, message: str) -> None:
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)
+            if not lifecycle.allows(cycle.state, "failed"):
+                return  # it ended while its step ran (cancelled by a person): that stands
             repository.set_state(session, cycle, "failed", error=redact_text(message))

@@ -10,6 +10,7 @@ from sqlalchemy import Select, Table, bindparam, func, insert, inspect, select, 
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from app.clock import utcnow
+from app.cycles import lifecycle
 from app.cycles.models import Cycle, CycleStep
 from app.cycles.states import HOLDS_FINGERPRINT, LIVE, ON_JOB, STEPPING
 from app.projects.models import Project
@@ -44,8 +45,8 @@ _DEFAULTS = {
 
 def insert_new(session: Session, cycle: Cycle) -> Cycle:
     """Store a new cycle with one Core INSERT in the session's transaction, bypassing the
-    unit of work (the trigger route's insert without an Idempotency-Key, issue 18: the ORM
-    flush cost three times the rest of the route's database work). `cycle` gets its id and
+    unit of work (the trigger route's insert without an Idempotency-Key: the ORM flush cost
+    three times the rest of the route's database work). `cycle` gets its id and
     defaults, and joins the session as the row it now is (persistent: a later change to it is
     flushed as an UPDATE). Not for a savepoint that may roll back: the object would stay in
     the session without its row."""
@@ -75,20 +76,9 @@ def detach(session: Session, cycle: Cycle) -> None:
 
 
 def set_state(session: Session, cycle: Cycle, state: str, error: str | None = None) -> None:
-    cycle.state, cycle.updated_at = state, utcnow()
-    if error is not None:
-        cycle.error = error
+    """Move the cycle to `state` (`lifecycle.move`: an illegal move raises IllegalMove)."""
+    lifecycle.move(cycle, state, error=error)
     session.flush()
-
-
-def live_count(session: Session, project_id: int) -> int:
-    """How many of the project's cycles have not finished stepping."""
-    count = session.scalar(
-        select(func.count())
-        .select_from(Cycle)
-        .where(Cycle.project_id == project_id, Cycle.state.in_(LIVE))
-    )
-    return count or 0
 
 
 # Built once: the trigger route runs it on every request, and building the statement (the
@@ -228,13 +218,6 @@ def steps(session: Session, cycle_id: int) -> Sequence[CycleStep]:
     """The cycle's audit trail, oldest first."""
     return session.scalars(
         select(CycleStep).where(CycleStep.cycle_id == cycle_id).order_by(CycleStep.id)
-    ).all()
-
-
-def step_attempts(session: Session, cycle_id: int, name: str) -> Sequence[CycleStep]:
-    """Every attempt so far at one step of the cycle."""
-    return session.scalars(
-        select(CycleStep).where(CycleStep.cycle_id == cycle_id, CycleStep.name == name)
     ).all()
 
 

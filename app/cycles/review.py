@@ -21,7 +21,7 @@ from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.git.work import GitWork
 from app.jobs import service as jobs
-from app.jobs.models import FINISHED
+from app.jobs.lifecycle import FINISHED
 from app.memory import service as memory
 from app.projects import service as projects
 from app.settings import Settings

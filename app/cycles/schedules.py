@@ -15,7 +15,7 @@ from app.clock import utcnow
 from app.cycles import repository, service
 from app.cycles.exceptions import TooManyCycles
 from app.errors import InvalidInput
-from app.jobs import service as jobs
+from app.jobs import budgets
 from app.projects import service as projects
 from app.projects.models import Project
 from app.settings import Settings
@@ -136,7 +136,7 @@ def schedule_tick(session: Session, settings: Settings) -> list[int]:
         ring.append(cycle.id)
     for cycle in repository.deferred(session):
         owner = projects.find_project_by_id(session, cycle.project_id)
-        if owner is not None and jobs.blocked_by_budget(session, settings, owner) is None:
+        if owner is not None and budgets.blocked_by_budget(session, settings, owner) is None:
             repository.set_state(session, cycle, "planned")
             ring.append(cycle.id)
     session.flush()
@@ -147,7 +147,7 @@ def resume_deferred(session: Session, settings: Settings, project_id: int, limit
     """Return up to `limit` of the project's oldest `deferred_budget` cycles to `planned`
     when its budgets allow a job now; the caller rings them after commit."""
     owner = projects.find_project_by_id(session, project_id)
-    if owner is None or jobs.blocked_by_budget(session, settings, owner) is not None:
+    if owner is None or budgets.blocked_by_budget(session, settings, owner) is not None:
         return []
     waiting = repository.oldest_deferred_locked(session, project_id, limit)
     for cycle in waiting:

@@ -19,14 +19,11 @@ from app.clock import aware, utcnow
 from app.cycles import repository
 from app.cycles.exceptions import CycleFinished, CycleNotFound, TooManyCycles
 from app.cycles.models import Cycle, CycleStep
-from app.cycles.states import LIVE as LIVE
-from app.cycles.states import SETTLED as SETTLED
-from app.cycles.states import TERMINAL as TERMINAL
-from app.cycles.states import WAITING as WAITING
+from app.cycles.states import TERMINAL
 from app.errors import InvalidInput
 from app.jobs import reaping
 from app.jobs import service as jobs
-from app.jobs.models import FINISHED
+from app.jobs.lifecycle import FINISHED
 from app.projects import service as projects
 from app.projects.exceptions import ProjectNotFound
 from app.projects.models import Project
@@ -71,8 +68,9 @@ def create(
     A flood of triggers is refused (429) once a project has `max_live` unfinished cycles: the
     queue and both budgets stay bounded, and nothing is left half-made.
 
-    The trigger route's whole unit of work (issue 18): without a key, one read (the project and
-    its live count together) and one insert; with one, its lookup first and a savepoint."""
+    The trigger route's whole unit of work, kept small because triggers come in floods: without
+    a key, one read (the project and its live count together) and one insert; with one, its
+    lookup first and a savepoint."""
     if trigger.idempotency_key:
         existing = repository.by_idempotency_key(session, trigger.idempotency_key)
         created = aware(existing.created_at) if existing is not None else None

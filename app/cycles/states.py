@@ -1,7 +1,8 @@
 """The states of a cycle, grouped once; everyone who asks "is it over?" imports them from here.
 
 planned → preparing → queued → running → analyzing → committing → publishing → awaiting_review
-→ approved | rejected; other ends: skipped_repeat, deferred_budget, failed, cancelled.
+→ approved | rejected; other ends: skipped_repeat, deferred_budget, failed, cancelled. The moves
+allowed between them, and the one function that makes them, are `lifecycle.py`'s.
 """
 
 from __future__ import annotations

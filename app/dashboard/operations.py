@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.api.deps import SettingsDep, StoresDep
-from app.cycles import service as cycles
+from app.cycles import states
 from app.dashboard import live, views
 from app.dashboard.pages import PREFIX, MaybeViewer, clean_filter, from_exception, render, to_login
 from app.errors import NotFound
@@ -32,7 +32,7 @@ def cycle_list(
         rows, projects = views.cycle_list(stores, **filters)
     except NotFound as exc:
         return from_exception(request, viewer, exc)
-    states = (*cycles.LIVE, *cycles.WAITING, *cycles.TERMINAL)
+    every_state = (*states.LIVE, *states.WAITING, *states.TERMINAL)
     return render(
         request,
         "cycles.html",
@@ -40,8 +40,8 @@ def cycle_list(
         rows=rows,
         projects=projects,
         filters=filters,
-        states=states,
-        live=any(r.cycle.state in cycles.LIVE for r in rows),
+        states=every_state,
+        live=any(r.cycle.state in states.LIVE for r in rows),
         live_topic="cycles",
         live_version=version,
     )

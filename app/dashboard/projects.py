@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from markupsafe import Markup
 
 from app.api.deps import SettingsDep, StoresDep
-from app.cycles import progress
+from app.cycles import progress, states
 from app.cycles import service as cycles
 from app.cycles.progress import Point, Progress
 from app.dashboard import live
@@ -61,7 +61,7 @@ class ProjectPage:
 
     @property
     def live(self) -> bool:
-        return any(p.state in cycles.LIVE for p in self.progress.points)
+        return any(p.state in states.LIVE for p in self.progress.points)
 
 
 def project_list(stores: Stores) -> list[ProjectRow]:

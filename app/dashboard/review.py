@@ -12,7 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import SettingsDep, StoresDep
 from app.cycles import review as cycle_review
-from app.cycles import service as cycles
+from app.cycles import states
 from app.dashboard import auth, evidence, live, views
 from app.dashboard.pages import (
     PREFIX,
@@ -96,8 +96,8 @@ def _cycle_page(
         note=note,
         done=done,
         forge=settings.forge,
-        live=page.cycle.state in cycles.LIVE,
-        live_topic="cycles" if page.cycle.state in cycles.LIVE else None,
+        live=page.cycle.state in states.LIVE,
+        live_topic="cycles" if page.cycle.state in states.LIVE else None,
         live_version=version,
     )
 

@@ -89,7 +89,7 @@ def check_branch_name(name: str) -> str:
 def accepts_ref(ref: str) -> bool:
     """`git check-ref-format <ref>`'s answer (its rules 1-10, without `--allow-onelevel`,
     `--refspec-pattern` or `--normalize`), computed here: a git process for it cost ~2 ms, and
-    every new cycle branch on every host asked (tests/integration/forge/test_ref_format.py compares
+    every new cycle branch on every host asked (tests/integration/git/test_ref_format.py compares
     the two on a corpus)."""
     if ref == "@" or "/" not in ref or ref.startswith("/") or ref.endswith(("/", ".")):
         return False  # rules 2, 6, 7, 9

@@ -2,14 +2,17 @@
 one function through which every state change goes.
 
     queued ──claim──► leased ──start──► running ──end──► succeeded | failed | cancelled
-      │  ▲                │                │
-      │  └───requeue──────┴────────────────┘   (its lease lapsed: the reaper gives it back)
-      └──────────────► failed | cancelled      (never started: refused, or cancelled waiting)
+      │ │ ▲               │                ▲ │
+      │ │ └───requeue─────┴────────────────┼─┘   (its lease lapsed: the reaper gives it back)
+      │ └───────────hand-over──────────────┘     (a reserved job: app/jobs/reservations.py)
+      └──────────────► failed | cancelled        (never started: refused, or cancelled waiting)
 
 Callers say what happened; this module decides the state. A GPU worker reports an `Outcome`
 (what ended the run: it completed, failed, timed out, was cancelled, could not start, lost its
-lease); `state_after` turns it into the job's final state. A move the table does not hold is
-refused with `IllegalMove`, naming both states.
+lease); `state_after` turns it into the job's final state. Every move is in `MOVES`, with who
+makes it and why; `move` makes one (refusing with `IllegalMove`, naming the job and both states,
+one the table does not hold), and `guarded` gives the repository the two that race as
+conditional UPDATEs (a claim, a reserved job's hand-over).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A job's log on the control host: the whole log a GPU host uploaded when the job ended, else
 the bounded tail (`Job.log_tail`) its worker keeps in the ops DB while the job runs.
 
-Nothing here reads a GPU host's disk (DESIGN.md, "Hosts and boundaries"): the file read is the
+Nothing here reads a GPU host's disk (docs/design.md, "Hosts and boundaries"): the file read is the
 one the upload stored under the control host's own state dir, or, on a one-machine install, the
 very file the worker writes there. The upload opens its own short sessions, so no transaction
 stays open while a body of up to `max_job_log_bytes` arrives.
@@ -9,6 +9,7 @@ stays open while a body of up to `max_job_log_bytes` arrives.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import tempfile
@@ -19,13 +20,17 @@ from typing import Any, BinaryIO
 
 from anyio import to_thread
 
+from app import broker
+from app.clock import utcnow
 from app.db import Stores
 from app.errors import AutopilotError, Conflict
 from app.jobs import paths
 from app.jobs import service as jobs
+from app.jobs.lifecycle import FINISHED
 from app.jobs.models import Job
 from app.settings import Settings
 
+log = logging.getLogger(__name__)
 READ_BYTES = 1024 * 1024  # read of a stored log per step: a follower catches up in steps
 _MAX_CANDIDATES = 1000  # places tried where the last tail may end in the next one
 UPLOAD_TYPES = ("text/plain", "application/octet-stream")
@@ -207,10 +212,24 @@ def _check_upload(stores: Stores, job_id: int) -> None:
             )
 
 
-def _record_upload(stores: Stores, job_id: int, path: Path) -> None:
+def _record_upload(stores: Stores, job_id: int, path: Path) -> int | None:
+    """Record where the log is; once its job has ended, that the whole log has arrived. The
+    job's cycle to ring then (it waits for the log before it reads the job), else None."""
     with stores.ops_session() as session:
-        jobs.get(session, job_id).log_path = str(path)
+        job = jobs.get(session, job_id)
+        job.log_path = str(path)
+        ended = job.state in FINISHED
+        if ended:
+            job.log_received_at = utcnow()
         session.flush()
+        return job.cycle_id if ended else None
+
+
+def _ring(settings: Settings, cycle_id: int) -> None:
+    try:
+        broker.ring_advance(settings, cycle_id)
+    except Exception:  # the broker is away: the reaper re-rings stale cycles (cycles.stale)
+        log.warning("cycle %s: advance doorbell not sent after its log", cycle_id, exc_info=True)
 
 
 class _Upload:
@@ -262,7 +281,9 @@ async def receive_upload(
         await to_thread.run_sync(upload.commit)
     finally:
         upload.discard()
-    await to_thread.run_sync(_record_upload, stores, job_id, target)
+    cycle_id = await to_thread.run_sync(_record_upload, stores, job_id, target)
+    if cycle_id is not None:
+        await to_thread.run_sync(_ring, settings, cycle_id)
     return upload.size
 
 

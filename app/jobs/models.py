@@ -11,10 +11,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.clock import utcnow
 from app.db import OpsBase
 
-# A job's states, in the order it moves through them. One definition: every reader imports these.
-JOB_STATES = ("queued", "leased", "running", "succeeded", "failed", "cancelled")
-ACTIVE = ("leased", "running")  # holding a GPU
-FINISHED = ("succeeded", "failed", "cancelled")  # nothing more will happen to it
 PREPARATION_STATES = ("preparing", "ready", "failed")
 
 
@@ -22,7 +18,8 @@ class Job(OpsBase):
     """Work for one GPU, standalone or a cycle's. Its state lives here, not in the broker.
 
     A broker message only says "look at job N"; a worker re-reads this row and acts only if the
-    job still needs it (DESIGN.md, "Recovery").
+    job still needs it (docs/design.md, "Recovery: the ops DB is the truth"). Its states and the
+    moves between them are app/jobs/lifecycle.py's.
     """
 
     __tablename__ = "job"
@@ -34,7 +31,7 @@ class Job(OpsBase):
     parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     queue: Mapped[str] = mapped_column(String(64), index=True)
-    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    state: Mapped[str] = mapped_column(String(16), default="queued", index=True)  # JobState
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     time_limit_s: Mapped[float] = mapped_column(Float, default=600.0)
@@ -49,8 +46,8 @@ class Job(OpsBase):
     idle_gap_s: Mapped[float | None] = mapped_column(Float)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     worker: Mapped[str | None] = mapped_column(String(255))
-    # The code, as a commit GPU hosts fetch (DESIGN.md, "Hosts and boundaries"): the URL they
-    # fetch from (the forge), the branch that holds it, and the commits compared.
+    # The code, as a commit GPU hosts fetch (docs/design.md, "Hosts and boundaries"): the URL
+    # they fetch from (the forge), the branch that holds it, and the commits compared.
     repo: Mapped[str | None] = mapped_column(String(1024))
     ref: Mapped[str | None] = mapped_column(String(255))
     base_sha: Mapped[str | None] = mapped_column(String(64))
@@ -71,6 +68,9 @@ class Job(OpsBase):
     # The last lines of the job's log, kept by its worker while it runs (the whole log is
     # uploaded to the control host when it ends).
     log_tail: Mapped[str | None] = mapped_column(Text)
+    # When the whole log's upload was recorded (its job had ended): the cycle waits for it,
+    # within a bounded grace, before it reads the job (app/cycles/steps/wait_for_job.py).
+    log_received_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     def take_preparation(self, prepared: JobPreparation) -> None:
         """Run where this host prepared it: its export, its venv and that venv's record."""

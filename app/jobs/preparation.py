@@ -1,11 +1,10 @@
-"""Each GPU host's preparation of the jobs of its kind (DESIGN.md, "Hosts and boundaries"): a
-host claims a job, prepares its clean export and venv, and records it ready (then a worker of
-that host may lease it) or failed (then other hosts still may; the job fails once every host
-seen lately has failed it)."""
+"""Each GPU host's preparation of the jobs of its kind (docs/design.md, "Hosts and
+boundaries"): a host claims a job, prepares its clean export and venv, and records it ready
+(then a worker of that host may lease it) or failed (then other hosts still may; the job fails
+once every host seen lately has failed it)."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -16,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.clock import aware, utcnow
 from app.jobs import repository as repo
 from app.jobs import service as jobs
+from app.jobs.lifecycle import JobState
 from app.jobs.models import Job, JobPreparation
 from app.settings import Settings
 
@@ -43,7 +43,7 @@ def claim_preparation(
     is taken over when the caller knows its preparer is gone (`preparer_gone`: it holds the
     host's lock for the job, which a live preparer would hold), or after `stale_after_s`."""
     job = repo.get(session, job_id)
-    if job is None or job.state != "queued" or job.cancel_requested_at is not None:
+    if job is None or job.state != JobState.QUEUED or job.cancel_requested_at is not None:
         return None
     now = utcnow()
     row = repo.preparation(session, job_id, host)
@@ -82,7 +82,7 @@ def preparation_ready(
     row.environment = environment
     row.error, row.finished_at = None, utcnow()
     job = repo.get(session, job_id)
-    if job is None or job.state != "queued":
+    if job is None or job.state != JobState.QUEUED:
         session.flush()
         return False
     if job.prepared_at is None:
@@ -132,7 +132,7 @@ def preparation_failed(
     row.state, row.error, row.finished_at = "failed", error[:4000], utcnow()
     session.flush()
     job = repo.get(session, job_id)
-    if job is None or job.state != "queued":
+    if job is None or job.state != JobState.QUEUED:
         return False
     kind = job.queue.removeprefix("gpu.")
     since = utcnow() - timedelta(seconds=max(60.0, 3 * settings.heartbeat_interval_s))
@@ -142,16 +142,6 @@ def preparation_failed(
         return False
     jobs.fail_unstarted(session, job_id, f"preparation failed on {host}: {error}")
     return True
-
-
-def mark_prepared(
-    session: Session, job_id: int, *, workdir: str, venv_path: str, host: str | None = None
-) -> bool:
-    """Claim and finish a preparation in one go (a host that prepared synchronously)."""
-    host = host or socket.gethostname()
-    if claim_preparation(session, job_id, host) is None:
-        return False
-    return preparation_ready(session, job_id, host, workdir=workdir, venv_path=venv_path)
 
 
 def preparation_on(session: Session, job_id: int, host: str) -> JobPreparation | None:

@@ -1,5 +1,6 @@
 """The reaper's rules: jobs whose lease lapsed go back to their queue (or fail after their last
-attempt), and lost doorbells are rung again at growing intervals (DESIGN.md, "Recovery")."""
+attempt), and lost doorbells are rung again at growing intervals (docs/design.md, "Recovery:
+the ops DB is the truth")."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
+from app.jobs import lifecycle
 from app.jobs import repository as repo
-from app.jobs.models import FINISHED
+from app.jobs.lifecycle import FINISHED, JobState
 from app.jobs.service import get
 from app.settings import Settings
 
@@ -55,21 +57,25 @@ def reap(session: Session, settings: Settings) -> Reaped:
     for lease in repo.expired_leases(session, now):
         job = get(session, lease.job_id)
         repo.delete(session, lease)
-        if job.state == "queued":  # a reservation (reservations.py): the job never ran
+        if job.state == JobState.QUEUED:  # a reservation (reservations.py): the job never ran
             reaped.requeued.append(job.id)
         elif job.state in FINISHED:  # a reservation whose job was cancelled meanwhile
             continue
         elif job.cancel_requested_at is not None:
-            job.state, job.finished_at = "cancelled", now
+            lifecycle.move(job, JobState.CANCELLED, finished_at=now)
         elif job.attempts >= job.max_attempts:
-            job.state, job.finished_at = "failed", now
-            job.error = (
-                f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
-                "stopped heartbeating); giving up after max attempts"
+            lifecycle.move(
+                job,
+                JobState.FAILED,
+                finished_at=now,
+                error=(
+                    f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
+                    "stopped heartbeating); giving up after max attempts"
+                ),
             )
             reaped.failed.append(job.id)
         else:
-            job.state, job.worker, job.started_at = "queued", None, None
+            lifecycle.move(job, JobState.QUEUED, worker=None, started_at=None)
             used = repo.preparation(session, job.id, lease.host)
             if used is not None:
                 # Its export ran once and is the job's to write: a retry on that host gets a

@@ -9,7 +9,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
-from app.jobs.models import ACTIVE, FINISHED, Job, JobPreparation, Lease, QueueLock, Worker
+from app.jobs import lifecycle
+from app.jobs.lifecycle import ACTIVE, FINISHED, JobState
+from app.jobs.models import Job, JobPreparation, Lease, QueueLock, Worker
+
+#: The two moves that race other writers, as conditional UPDATEs (the lifecycle checks them).
+_CLAIM = lifecycle.guarded(JobState.QUEUED, JobState.LEASED)
+_PROMOTE = lifecycle.guarded(JobState.QUEUED, JobState.RUNNING)
 
 
 def get(session: Session, job_id: int) -> Job | None:
@@ -40,7 +46,7 @@ def lock_leasing(session: Session) -> None:
 def _waiting(queue: str) -> list[ColumnElement[bool]]:
     return [
         Job.queue == queue,
-        Job.state == "queued",
+        Job.state == JobState.QUEUED,
         Job.prepared_at.is_not(None),
         Job.cancel_requested_at.is_(None),
         ~_reserved(),
@@ -134,7 +140,7 @@ def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequen
         select(Job.id)
         .where(
             Job.queue == queue,
-            Job.state == "queued",
+            Job.state == JobState.QUEUED,
             Job.cancel_requested_at.is_(None),
             ~tried,
         )
@@ -186,9 +192,9 @@ def claim(session: Session, job_id: int, worker: str, now: datetime) -> bool:
     """The conditional update that makes a lease: only a still-queued job can be claimed."""
     result = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.state == "queued")
+        .where(Job.id == job_id, Job.state.in_(_CLAIM.frm))
         .values(
-            state="leased",
+            **_CLAIM.assign,
             leased_at=now,
             worker=worker,
             attempts=Job.attempts + 1,
@@ -214,7 +220,9 @@ def active_count(
     and no active job in scope. A worker is one GPU: its running job and the one it reserved
     count once. `besides_worker` leaves that worker out (it asks for its own next job)."""
     active = select(Job.worker).where(Job.state.in_(ACTIVE))
-    reserving = select(Lease.worker).join(Job, Job.id == Lease.job_id).where(Job.state == "queued")
+    reserving = (
+        select(Lease.worker).join(Job, Job.id == Lease.job_id).where(Job.state == JobState.QUEUED)
+    )
     if project_id is not None:
         active = active.where(Job.project_id == project_id)
         reserving = reserving.where(Job.project_id == project_id)
@@ -231,9 +239,9 @@ def promote(session: Session, job_id: int, worker: str, now: datetime) -> bool:
     one asked to cancel it (a cancelled reservation is the worker's to drop)."""
     result = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.state == "queued", Job.cancel_requested_at.is_(None))
+        .where(Job.id == job_id, Job.state.in_(_PROMOTE.frm), Job.cancel_requested_at.is_(None))
         .values(
-            state="running",
+            **_PROMOTE.assign,
             leased_at=now,
             started_at=now,
             worker=worker,
@@ -258,7 +266,9 @@ def unfinished_standalone(session: Session, project_id: int) -> int:
 def gpu_seconds_since(session: Session, since: datetime, project_id: int | None = None) -> float:
     """GPU seconds used in the window: finished jobs plus the elapsed part of running ones."""
     finished = select(func.coalesce(func.sum(Job.gpu_seconds), 0.0)).where(Job.finished_at >= since)
-    running = select(Job.started_at).where(Job.state == "running", Job.started_at.is_not(None))
+    running = select(Job.started_at).where(
+        Job.state == JobState.RUNNING, Job.started_at.is_not(None)
+    )
     if project_id is not None:
         finished = finished.where(Job.project_id == project_id)
         running = running.where(Job.project_id == project_id)
@@ -280,7 +290,7 @@ def waiting_without_doorbell(session: Session, older_than: datetime) -> Sequence
     return session.scalars(
         select(Job)
         .where(
-            Job.state == "queued",
+            Job.state == JobState.QUEUED,
             func.coalesce(Job.prepared_at, Job.submitted_at) < older_than,
             ~_reserved(),  # its worker runs it next
         )
@@ -328,7 +338,7 @@ def _jobs_where(
 def queue_summary(session: Session) -> list[tuple[str, str, int, datetime | None]]:
     rows = session.execute(
         select(Job.queue, Job.state, func.count(), func.min(Job.submitted_at))
-        .where(Job.state.in_(("queued", *ACTIVE)))
+        .where(Job.state.in_((JobState.QUEUED, *ACTIVE)))
         .group_by(Job.queue, Job.state)
     ).all()
     return [(q, s, int(n), oldest) for q, s, n, oldest in rows]

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from app.clock import utcnow
 from app.jobs import repository as repo
 from app.jobs import service as jobs
+from app.jobs.lifecycle import JobState
 from app.jobs.models import Job
 from app.settings import Settings
 
@@ -90,7 +91,7 @@ def renew(session: Session, settings: Settings, job_id: int, worker: str) -> boo
     if lease is None or lease.worker != worker:
         return False
     job = jobs.get(session, job_id)
-    if job.state != "queued" or job.cancel_requested_at is not None:
+    if job.state != JobState.QUEUED or job.cancel_requested_at is not None:
         repo.delete(session, lease)
         session.flush()
         return False
@@ -106,6 +107,6 @@ def release(session: Session, job_id: int, worker: str) -> None:
     lease = repo.lease_of(session, job_id)
     if lease is not None and lease.worker == worker:
         job = repo.get(session, job_id)
-        if job is not None and job.state == "queued":
+        if job is not None and job.state == JobState.QUEUED:
             repo.delete(session, lease)
             session.flush()

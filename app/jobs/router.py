@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated, Literal
+from typing import Annotated
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Query, Request, Response, status
@@ -25,9 +25,9 @@ from app.api.deps import (
 )
 from app.api.problems import PROBLEM_JSON
 from app.db import Stores
-from app.jobs import figures, logs
+from app.jobs import figures, logs, submission
 from app.jobs import service as jobs
-from app.jobs.models import FINISHED
+from app.jobs.lifecycle import FINISHED, StateName
 from app.jobs.schemas import JobCreate, JobLogStored, JobOut, QueueOut, WorkerOut
 from app.projects import service as ops
 from app.projects.models import ApiToken
@@ -40,14 +40,13 @@ LOG_ROUTE_PATTERN = r"/jobs/[0-9]+/log"
 FOLLOW_POLL_S = 0.5
 # A GPU host's token (scope worker, or admin) hands logs in; reading them needs a reader's.
 WorkerToken = Annotated[ApiToken, Depends(require("worker"))]
-JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobOut)
 def submit_job(
     body: JobCreate, _: TriggerToken, stores: StoresDep, settings: SettingsDep
 ) -> JobOut:
-    return jobs.submit_and_ring(
+    return submission.submit_and_ring(
         stores, settings, body.project, body.experiment, dict(body.parameters), queue=body.queue
     )
 
@@ -60,7 +59,7 @@ def list_jobs(
     _: AnyToken,
     settings: SettingsDep,
     queue: Annotated[str | None, Query(description="gpu.<kind>")] = None,
-    state: JobState | None = None,
+    state: StateName | None = None,
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,

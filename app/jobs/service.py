@@ -1,5 +1,6 @@
-"""The GPU handoff queue's state transitions: submit, prepare, lease, heartbeat, finish, cancel,
-reap, and the two budgets. The ops DB is the truth; a broker message is only a doorbell.
+"""The GPU handoff queue's operations: submit, lease, heartbeat, finish, cancel, and the choice
+of the next job under the two budgets. The ops DB is the truth; a broker message is only a
+doorbell. Each state change goes through `lifecycle.move` (the reaper's, `reaping.py`, too).
 
 Every function here runs inside the caller's transaction and only flushes.
 """
@@ -8,25 +9,19 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app import broker
 from app.clock import aware, utcnow
-from app.db import Stores
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound
-from app.forge import service as forge_service
-from app.forge.base import ProjectRef
-from app.git.work import GitWork
+from app.jobs import lifecycle
 from app.jobs import repository as repo
-from app.jobs.budgets import blocked_by_budget as blocked_by_budget  # re-exported
 from app.jobs.budgets import budget_scopes, check_scope
-from app.jobs.models import FINISHED, Job, Lease, Worker
-from app.jobs.schemas import JobOut
-from app.projects import service as ops
+from app.jobs.lifecycle import FINISHED, JobState
+from app.jobs.models import Job, Lease, Worker
 from app.projects import service as projects
 from app.projects.config import Experiment, ProjectConfig
 from app.projects.models import Project
@@ -113,7 +108,7 @@ def submit(
     if declared.kind == "command":
         spec.update(command_spec(declared))
     elif source is not None and source.base_sha and source.head_sha != source.base_sha:
-        # The cycle changed code: the entry runs at base and at head too (DESIGN.md,
+        # The cycle changed code: the entry runs at base and at head too (docs/design.md,
         # "Experiment kinds"), and the verdict is head against base.
         spec["head_vs_base"] = True
     now = utcnow()
@@ -124,7 +119,7 @@ def submit(
         parameters=full,
         spec=spec,
         queue=queue,
-        state="queued",
+        state=JobState.QUEUED.value,  # born waiting: a constructor, not a move
         max_attempts=settings.job_max_attempts,
         time_limit_s=declared.time_limit_s,
         order_key=now,
@@ -163,9 +158,10 @@ def get(session: Session, job_id: int) -> Job:
 
 
 def fail_unstarted(session: Session, job_id: int, error: str) -> None:
+    """Fail a job that never started (no host could prepare it); one that did is left alone."""
     job = repo.get(session, job_id)
-    if job is not None and job.state == "queued":
-        job.state, job.error, job.finished_at = "failed", error, utcnow()
+    if job is not None and job.state == JobState.QUEUED:
+        lifecycle.move(job, JobState.FAILED, error=error, finished_at=utcnow())
         session.flush()
 
 
@@ -290,7 +286,12 @@ def mark_running(session: Session, job_id: int, worker: str, pid: int, pgid: int
     lease = _own_lease(session, job_id, worker)
     lease.pid, lease.pgid = pid, pgid
     job = get(session, job_id)
-    job.state, job.started_at = "running", utcnow()
+    if job.state == JobState.RUNNING:
+        # A reserved command job runs from its hand-over (`reservations.start_reserved`); its
+        # first run starts now: its start is that run's, as a leased job's is.
+        job.started_at = utcnow()
+    else:
+        lifecycle.move(job, JobState.RUNNING, started_at=utcnow())
     session.flush()
 
 
@@ -325,35 +326,31 @@ def heartbeat(
     return job.cancel_requested_at is not None
 
 
-@dataclass
-class JobOutcome:
-    state: str  # succeeded | failed | cancelled
-    exit_code: int | None = None
-    error: str | None = None
-    result: dict[str, Any] | None = None
-    result_path: str | None = None
-    log_path: str | None = None
-    log_tail: str | None = None
-    gpu_seconds: float = 0.0
-    finished_at: datetime = field(default_factory=utcnow)
+#: What a worker reports of a run it ended (`lifecycle.Outcome`), by the name `finish` takes it.
+JobOutcome = lifecycle.Outcome
 
 
 def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> Job:
-    """Store the outcome and release the lease. Only the lease holder may: exactly one outcome."""
+    """Record the outcome of a run, whatever ended it, and release the lease: the one way a
+    worker ends a job. Only the lease holder may: exactly one outcome. The worker says what
+    ended the run; the lifecycle says the state (`lifecycle.state_after`)."""
     lease = _own_lease(session, job_id, worker)
     job = get(session, job_id)
     if job.state in FINISHED:  # cancelled while reserved: that stands, whatever ran meanwhile
         repo.delete(session, lease)
         session.flush()
         return job
-    job.state = outcome.state
-    job.exit_code, job.error = outcome.exit_code, outcome.error
-    job.result, job.result_path, job.log_path = (
-        outcome.result,
-        outcome.result_path,
-        outcome.log_path,
+    lifecycle.move(
+        job,
+        lifecycle.state_after(outcome.ended),
+        exit_code=outcome.exit_code,
+        error=outcome.error,
+        result=outcome.result,
+        result_path=outcome.result_path,
+        log_path=outcome.log_path,
+        gpu_seconds=outcome.gpu_seconds,
+        finished_at=outcome.finished_at,
     )
-    job.gpu_seconds, job.finished_at = outcome.gpu_seconds, outcome.finished_at
     if outcome.log_tail is not None:
         job.log_tail = outcome.log_tail
     repo.delete(session, lease)
@@ -371,8 +368,8 @@ def cancel(session: Session, job_id: int, by: str) -> Job:
         raise JobFinished(f"job {job_id} already {job.state}; nothing to cancel")
     now = utcnow()
     job.cancel_requested_at, job.cancelled_by = job.cancel_requested_at or now, by
-    if job.state == "queued":
-        job.state, job.finished_at = "cancelled", now
+    if job.state == JobState.QUEUED:
+        lifecycle.move(job, JobState.CANCELLED, finished_at=now)
     session.flush()
     return job
 
@@ -438,51 +435,3 @@ def cycles_whose_job_ended(
 ) -> list[tuple[int, datetime]]:
     """Of these cycles, those whose job finished before `older_than`, with when it did."""
     return repo.ended_before_for_cycles(session, cycle_ids, older_than)
-
-
-# -- submission ----
-
-
-class DoorbellNotSent(Exception):
-    """The job is stored, but its prepare doorbell was not sent; the reaper rings it later."""
-
-    def __init__(self, job: JobOut, cause: Exception) -> None:
-        super().__init__(f"job {job.id} is stored but its doorbell was not sent ({cause!r})")
-        self.job = job
-        self.cause = cause
-
-
-def submit_and_ring(
-    stores: Stores,
-    settings: Settings,
-    project: str,
-    experiment: str,
-    parameters: dict[str, Any],
-    *,
-    queue: str | None = None,
-) -> JobOut:
-    """Submit a standalone job of `project` in a transaction of its own and, once that has
-    committed, ring the prepare doorbell: a rolled-back submit rings nothing."""
-    with stores.ops_session() as session:
-        row = ops.get_project(session, project)
-        live = repo.unfinished_standalone(session, row.id)
-        if live >= settings.max_live_cycles_per_project:
-            raise TooManyJobs(
-                f"project {project!r} has {live} unfinished jobs submitted on their own (limit "
-                f"{settings.max_live_cycles_per_project}, AUTOPILOT_MAX_LIVE_CYCLES_PER_PROJECT, "
-                "the same cap as its cycles); retry when some have finished"
-            )
-        ref = ProjectRef.of(row)
-        forge = forge_service.forge_for(settings, stores)
-        base, config = forge_service.config_at_base(GitWork(settings), forge, ref)
-        # a standalone job runs the tip of the base branch, as the forge holds it now
-        source = JobSource(forge.fetch_url(ref), ref.default_branch, base, base)
-        job = submit(
-            session, settings, row, config, experiment, parameters, queue=queue, source=source
-        )
-        out = JobOut.model_validate(job)
-    try:
-        broker.ring_gpu(settings, out.queue)
-    except Exception as exc:
-        raise DoorbellNotSent(out, exc) from exc
-    return out

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from app import broker
 from app.cycles import service as cycle_service
+from app.cycles import states
 from app.cycles.models import Cycle
 from app.db import Stores
 from app.forge.models import PullRequestRecord as PullRequestRow
@@ -149,7 +150,7 @@ def _cycles_settled(stores: Stores, ids: list[int]) -> int:
                 .select_from(Cycle)
                 .where(
                     Cycle.id.in_(ids),
-                    Cycle.state.not_in((*cycle_service.LIVE, "deferred_budget")),
+                    Cycle.state.not_in((*states.LIVE, "deferred_budget")),
                 )
             )
             or 0

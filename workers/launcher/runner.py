@@ -216,151 +216,207 @@ def _supervise(
     cgroup: sandbox.Cgroup | None = None,
     on_exit: Callable[[], None] | None = None,
 ) -> Outcome:
-    pgid = proc.pid  # start_new_session: the child leads its own group
-    sel = selectors.DefaultSelector()
-    outs = {"stdout": _Tail(lim.max_output_bytes), "stderr": _Tail(lim.max_output_bytes)}
-    events = _Events(lim, on_event)
-    pidfd: int | None = None
-    timed_out = False
-    returncode: int | None = None
-    exited_at: float | None = None
+    watch = _Supervision(proc, started, listener, lim, on_event, cgroup, on_exit)
     try:
         if on_spawn is not None:
-            on_spawn(proc.pid, pgid)
+            on_spawn(proc.pid, watch.pgid)
+        watch.register()
+        while not watch.over():
+            for key, _mask in watch.sel.select(watch.timeout()):
+                watch.dispatch(key)
+    except BaseException:
+        watch.kill_group()
+        proc.wait()
+        raise
+    finally:
+        watch.close()
+    return watch.outcome(job)
+
+
+class _Supervision:
+    """One running job seen from its worker: its pipes, its event socket and its exit in one
+    selector, its time limit (SIGTERM, the grace, SIGKILL), and what it left once it exited."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        started: float,
+        listener: socket.socket,
+        lim: Limits,
+        on_event: EventCallback | None,
+        cgroup: sandbox.Cgroup | None,
+        on_exit: Callable[[], None] | None,
+    ) -> None:
+        self.proc, self.started, self.listener, self.lim = proc, started, listener, lim
+        self.cgroup, self.on_exit = cgroup, on_exit
+        self.pgid = proc.pid  # start_new_session: the child leads its own group
+        self.sel = selectors.DefaultSelector()
+        self.outs = {"stdout": _Tail(lim.max_output_bytes), "stderr": _Tail(lim.max_output_bytes)}
+        self.events = _Events(lim, on_event)
+        self.pidfd: int | None = None
+        self.timed_out = False
+        self.returncode: int | None = None
+        self.exited_at: float | None = None
+        self.deadline = started + lim.timeout_s
+        self.kill_at: float | None = None
+        self.drain_until: float | None = None
+        self.open_streams = 2
+        self.now = time.monotonic()
+
+    def register(self) -> None:
+        proc = self.proc
         assert proc.stdout is not None
         assert proc.stderr is not None
         for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
             os.set_blocking(pipe.fileno(), False)
-            sel.register(pipe, selectors.EVENT_READ, ("pipe", name))
-        sel.register(listener, selectors.EVENT_READ, ("listen", None))
+            self.sel.register(pipe, selectors.EVENT_READ, ("pipe", name))
+        self.sel.register(self.listener, selectors.EVENT_READ, ("listen", None))
         if hasattr(os, "pidfd_open"):
             with contextlib.suppress(OSError):
-                pidfd = os.pidfd_open(proc.pid)
-                sel.register(pidfd, selectors.EVENT_READ, ("exit", None))
-        deadline = started + lim.timeout_s
-        kill_at: float | None = None
-        drain_until: float | None = None
-        open_streams = 2
-        while True:
-            now = time.monotonic()
-            if returncode is None:
-                returncode = proc.poll()
-                if returncode is not None:
-                    exited_at = time.time()
-                    # the leader is gone: nothing else of the job may stay behind
-                    confine.signal_group(pgid, None, signal.SIGKILL)
-                    confine.signal_group(pgid, cgroup, signal.SIGKILL)
-                    if on_exit is not None:
-                        try:
-                            on_exit()
-                        except Exception:  # the next job's business, never this one's
-                            log.warning("the exit callback failed", exc_info=True)
-                    drain_until = now + lim.drain_s
-                    if pidfd is not None:
-                        sel.unregister(pidfd)
-                        os.close(pidfd)
-                        pidfd = None
-            if returncode is not None:
-                conns = [k for k in sel.get_map().values() if k.data[0] == "conn"]
-                if (open_streams == 0 and not conns) or (
-                    drain_until is not None and now >= drain_until
-                ):
-                    break
-            elif kill_at is not None and now >= kill_at:
-                confine.signal_group(pgid, cgroup, signal.SIGKILL)
-                kill_at = now + 3600  # sent; now wait for the exit
-            elif kill_at is None and now >= deadline:
-                timed_out = True
-                confine.signal_group(pgid, cgroup, signal.SIGTERM)
-                kill_at = now + lim.grace_s
-            wake = [deadline if kill_at is None else kill_at]
-            if drain_until is not None:
-                wake.append(drain_until)
-            if pidfd is None and returncode is None:
-                wake.append(now + 0.02)  # no pidfd: poll for the exit
-            timeout = max(0.0, min(wake) - now) if returncode is None or drain_until else 0.0
-            for key, _mask in sel.select(timeout):
-                kind, data = key.data
-                if kind == "exit":
-                    continue  # handled by poll() at the top of the loop
-                if kind == "listen":
-                    with contextlib.suppress(BlockingIOError):
-                        conn, _ = listener.accept()
-                        conn.setblocking(False)
-                        sel.register(conn, selectors.EVENT_READ, ("conn", (bytearray(), [False])))
-                    continue
-                if kind == "pipe":
-                    try:
-                        chunk = os.read(key.fd, _READ)
-                    except BlockingIOError:
-                        continue
-                    if chunk:
-                        outs[data].add(chunk)
-                    else:
-                        sel.unregister(key.fileobj)
-                        open_streams -= 1
-                    continue
-                peer = key.fileobj
-                assert isinstance(peer, socket.socket)
-                try:
-                    chunk = peer.recv(_READ)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if chunk:
-                    events.feed(data[0], chunk, data[1])
-                else:
-                    if data[0]:
-                        events.line(bytes(data[0]))  # a last line without its newline
-                    sel.unregister(peer)
-                    peer.close()
-    except BaseException:
-        confine.signal_group(pgid, None, signal.SIGKILL)
-        confine.signal_group(pgid, cgroup, signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        for key in list(sel.get_map().values()):
+                self.pidfd = os.pidfd_open(proc.pid)
+                self.sel.register(self.pidfd, selectors.EVENT_READ, ("exit", None))
+
+    def over(self) -> bool:
+        """One turn's bookkeeping: its exit seen, its time limit enforced; True once it has
+        exited and its output is read (or the drain period after the exit is over)."""
+        self.now = now = time.monotonic()
+        if self.returncode is None:
+            self.returncode = self.proc.poll()
+            if self.returncode is not None:
+                self._exited(now)
+        if self.returncode is not None:
+            conns = [k for k in self.sel.get_map().values() if k.data[0] == "conn"]
+            return (self.open_streams == 0 and not conns) or (
+                self.drain_until is not None and now >= self.drain_until
+            )
+        if self.kill_at is not None and now >= self.kill_at:
+            confine.signal_group(self.pgid, self.cgroup, signal.SIGKILL)
+            self.kill_at = now + 3600  # sent; now wait for the exit
+        elif self.kill_at is None and now >= self.deadline:
+            self.timed_out = True
+            confine.signal_group(self.pgid, self.cgroup, signal.SIGTERM)
+            self.kill_at = now + self.lim.grace_s
+        return False
+
+    def _exited(self, now: float) -> None:
+        self.exited_at = time.time()
+        # the leader is gone: nothing else of the job may stay behind
+        confine.signal_group(self.pgid, None, signal.SIGKILL)
+        confine.signal_group(self.pgid, self.cgroup, signal.SIGKILL)
+        if self.on_exit is not None:
+            try:
+                self.on_exit()
+            except Exception:  # the next job's business, never this one's
+                log.warning("the exit callback failed", exc_info=True)
+        self.drain_until = now + self.lim.drain_s
+        if self.pidfd is not None:
+            self.sel.unregister(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def timeout(self) -> float:
+        """How long the selector may wait before the next turn."""
+        now = self.now
+        wake = [self.deadline if self.kill_at is None else self.kill_at]
+        if self.drain_until is not None:
+            wake.append(self.drain_until)
+        if self.pidfd is None and self.returncode is None:
+            wake.append(now + 0.02)  # no pidfd: poll for the exit
+        if self.returncode is None or self.drain_until:
+            return max(0.0, min(wake) - now)
+        return 0.0
+
+    def dispatch(self, key: selectors.SelectorKey) -> None:
+        kind, data = key.data
+        if kind == "exit":
+            return  # handled by poll() at the top of the loop
+        if kind == "listen":
+            with contextlib.suppress(BlockingIOError):
+                conn, _ = self.listener.accept()
+                conn.setblocking(False)
+                self.sel.register(conn, selectors.EVENT_READ, ("conn", (bytearray(), [False])))
+            return
+        if kind == "pipe":
+            self._read_pipe(key, data)
+            return
+        self._read_events(key, data)
+
+    def _read_pipe(self, key: selectors.SelectorKey, name: str) -> None:
+        try:
+            chunk = os.read(key.fd, _READ)
+        except BlockingIOError:
+            return
+        if chunk:
+            self.outs[name].add(chunk)
+        else:
+            self.sel.unregister(key.fileobj)
+            self.open_streams -= 1
+
+    def _read_events(self, key: selectors.SelectorKey, data: tuple[bytearray, list[bool]]) -> None:
+        peer = key.fileobj
+        assert isinstance(peer, socket.socket)
+        try:
+            chunk = peer.recv(_READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self.events.feed(data[0], chunk, data[1])
+        else:
+            if data[0]:
+                self.events.line(bytes(data[0]))  # a last line without its newline
+            self.sel.unregister(peer)
+            peer.close()
+
+    def kill_group(self) -> None:
+        confine.signal_group(self.pgid, None, signal.SIGKILL)
+        confine.signal_group(self.pgid, self.cgroup, signal.SIGKILL)
+
+    def close(self) -> None:
+        for key in list(self.sel.get_map().values()):
             if key.data[0] == "conn":
                 key.fileobj.close()  # type: ignore[union-attr]
-        sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        proc.stdout.close()
-        proc.stderr.close()
-    duration = time.monotonic() - started
-    result, result_error = (
-        _read_result(job.result_path, returncode, lim.max_result_bytes)
-        if lim.read_result
-        else (None, None)
-    )
-    if timed_out:
-        result_error = f"timed out after {lim.timeout_s:g} s" + (
-            f"; {result_error}" if result_error else ""
+        self.sel.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def outcome(self, job: LaunchSpec) -> Outcome:
+        lim, returncode = self.lim, self.returncode
+        duration = time.monotonic() - self.started
+        result, result_error = (
+            _read_result(job.result_path, returncode, lim.max_result_bytes)
+            if lim.read_result
+            else (None, None)
         )
-    return Outcome(
-        pid=proc.pid,
-        pgid=pgid,
-        returncode=returncode,
-        signal=signal.Signals(-returncode).name
-        if returncode is not None and returncode < 0
-        else None,
-        timed_out=timed_out,
-        duration_s=duration,
-        result=result,
-        result_error=result_error,
-        events=events.kept,
-        events_dropped=events.dropped,
-        events_malformed=events.malformed,
-        stdout=outs["stdout"].text(),
-        stderr=outs["stderr"].text(),
-        stdout_bytes=outs["stdout"].total,
-        stderr_bytes=outs["stderr"].total,
-        exited_at=exited_at,
-    )
+        if self.timed_out:
+            result_error = f"timed out after {lim.timeout_s:g} s" + (
+                f"; {result_error}" if result_error else ""
+            )
+        return Outcome(
+            pid=self.proc.pid,
+            pgid=self.pgid,
+            returncode=returncode,
+            signal=signal.Signals(-returncode).name
+            if returncode is not None and returncode < 0
+            else None,
+            timed_out=self.timed_out,
+            duration_s=duration,
+            result=result,
+            result_error=result_error,
+            events=self.events.kept,
+            events_dropped=self.events.dropped,
+            events_malformed=self.events.malformed,
+            stdout=self.outs["stdout"].text(),
+            stderr=self.outs["stderr"].text(),
+            stdout_bytes=self.outs["stdout"].total,
+            stderr_bytes=self.outs["stderr"].total,
+            exited_at=self.exited_at,
+        )
 
 
 def _read_result(path: Path, returncode: int | None, cap: int) -> tuple[Any, str | None]:

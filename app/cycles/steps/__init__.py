@@ -1,18 +1,8 @@
-"""The cycle's steps in the order they run, each naming the states it runs from and the states
-it may leave the cycle in. `machine.py` looks a cycle's state up here and runs that step.
-
-| step        | from              | to                                               |
-| ----------- | ----------------- | ------------------------------------------------ |
-| Plan        | planned           | preparing, skipped_repeat, deferred_budget       |
-| Prepare     | preparing         | queued                                           |
-| WaitForJob  | queued, running   | running, analyzing, cancelled, failed            |
-| Analyze     | analyzing         | committing, failed                               |
-| Commit      | committing        | publishing                                       |
-| Publish     | publishing        | awaiting_review                                  |
-
-Any step may also end the cycle as `failed` (the machine does, on an error it cannot retry).
-A cycle awaiting review moves on by a person (`review.py`); one deferred for budget, by the
-schedule (`schedules.py`).
+"""The cycle's steps in the order they run: Plan, Prepare, WaitForJob, Analyze, Commit,
+Publish. Each names the states it runs from (FROM_STATES) and may leave the cycle in
+(TO_STATES); `machine.py` looks a cycle's state up here and runs that step. The whole table of
+moves, with who makes the others (the machine, a reviewer, the schedule) and why each exists, is
+`app/cycles/lifecycle.MOVES`; a test checks the steps' declarations against it.
 """
 
 from __future__ import annotations

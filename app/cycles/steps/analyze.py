@@ -1,4 +1,5 @@
-"""analyzing → committing: the control plane judges the result (lessons 4 and 9).
+"""analyzing → committing: the control plane judges the result (docs/design.md, "Accuracy
+gates before speed" and "The code under test never judges itself").
 
 The verdict and headline stored on the cycle are the ones `judge.py` computed from the raw
 samples, accuracy figures and the job's spec, never the experiment's own; a result that cannot

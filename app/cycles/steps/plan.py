@@ -1,5 +1,6 @@
 """planned → preparing: choose what to run (the trigger's request, or the agent's proposal),
-refuse a repeat (lesson 5) and defer a cycle over budget, all before any git or GPU work."""
+refuse a repeat (docs/design.md, "No repeat without a changed hypothesis") and defer a cycle
+over budget, all before any git or GPU work."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from app.forge.base import ProjectRef
 from app.git.exceptions import FetchFailed
 from app.git.refs import CycleBranch
 from app.git.work import GitWork
-from app.jobs import service as jobs
+from app.jobs import budgets
 from app.memory import service as memory
 from app.projects.config import ProjectConfig
 
@@ -39,7 +40,7 @@ class Plan(Step):
             ref = ProjectRef.of(project)
             gpu_kind, requested = project.gpu_kind, (cycle.experiment, cycle.parameters)
             agent_name, changed = cycle.agent, cycle.changed_hypothesis
-            blocked = jobs.blocked_by_budget(session, self.settings, project)
+            blocked = budgets.blocked_by_budget(session, self.settings, project)
         if blocked:
             with self.stores.ops_session() as session:
                 cycle = service.get(session, cycle_id)
@@ -58,7 +59,7 @@ class Plan(Step):
             return True
         kind = config.agent.kind if agent_name == "config" else agent_name
         # Two sweeps of one project planned at once would see the same live points and pick the
-        # same one (lesson 5): a sweep chooses and records its point under the project's lock,
+        # same one, a repeat: a sweep chooses and records its point under the project's lock,
         # for the milliseconds that takes. An agent that works for minutes is not serialised.
         serialise = kind == "sweep" and not requested[0]
         with self._project_lock(ref.name) if serialise else contextlib.nullcontext():
@@ -98,7 +99,7 @@ class Plan(Step):
                 cycle.agent_exchange = proposal.exchange
                 cycle.repeat_of = repeat_id
                 if repeat_id and not changed:
-                    # Lesson 5: no repeat without a changed hypothesis.
+                    # No repeat without a changed hypothesis: memory already judged this.
                     repository.set_state(
                         session,
                         cycle,

@@ -1,6 +1,6 @@
 """preparing → queued: the cycle's branch, its candidate commit (the agent's checked commits,
 or the base itself) pushed to the forge, then its job naming that commit; all before any GPU
-is asked for. GPU hosts fetch the commit from the forge (DESIGN.md, "Hosts and
+is asked for. GPU hosts fetch the commit from the forge (docs/design.md, "Hosts and
 boundaries"); the job's doorbell rings only after the job is committed."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from app.db import Stores
 from app.errors import InvalidInput
 from app.jobs import figures, preparation, reaping
 from app.jobs import service as jobs
+from app.jobs.lifecycle import End
 from app.jobs.models import Job, Lease
 from app.projects import config as project_config
 from app.projects import service as ops
@@ -67,7 +68,11 @@ def submit(
 
 def mark_prepared(stores: Stores, job_id: int) -> None:
     with stores.ops_session() as session:
-        assert preparation.mark_prepared(session, job_id, workdir="/w", venv_path="/v")
+        # a host that prepared it synchronously: claimed and ready in one go
+        assert preparation.claim_preparation(session, job_id, socket.gethostname()) is not None
+        assert preparation.preparation_ready(
+            session, job_id, socket.gethostname(), workdir="/w", venv_path="/v"
+        )
         job = session.get(Job, job_id)
         assert job is not None
         job.spec = {**job.spec, "entry": "probe.main"}
@@ -82,7 +87,7 @@ def lease(stores: Stores, settings: Settings, worker: str = "w1") -> int | None:
 def finish(stores: Stores, job_id: int, worker: str = "w1", gpu_seconds: float = 1.0) -> None:
     with stores.ops_session() as session:
         jobs.finish(
-            session, job_id, worker, jobs.JobOutcome(state="succeeded", gpu_seconds=gpu_seconds)
+            session, job_id, worker, jobs.JobOutcome(ended=End.COMPLETED, gpu_seconds=gpu_seconds)
         )
 
 
@@ -303,7 +308,7 @@ def test_finish_without_the_lease_records_nothing(stores: Stores, settings: Sett
     assert lease(stores, settings, "new") == job_id
     with pytest.raises(jobs.LeaseLost), stores.ops_session() as session:
         jobs.finish(
-            session, job_id, "old", jobs.JobOutcome(state="failed", error="late", gpu_seconds=9)
+            session, job_id, "old", jobs.JobOutcome(ended=End.FAILED, error="late", gpu_seconds=9)
         )
     with pytest.raises(jobs.LeaseLost), stores.ops_session() as session:
         jobs.heartbeat(session, settings, job_id, "old")

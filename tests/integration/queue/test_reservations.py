@@ -12,6 +12,7 @@ from app.db import Stores
 from app.jobs import reaping, reservations
 from app.jobs import repository as repo
 from app.jobs import service as jobs
+from app.jobs.lifecycle import End
 from app.jobs.models import JobPreparation, Lease
 from app.settings import Settings
 from tests.integration.queue.test_jobs_service import (
@@ -170,7 +171,7 @@ def test_a_job_cancelled_while_reserved_stays_cancelled_whatever_ran(
     with pytest.raises(jobs.LeaseLost):
         start(stores, nxt, "w1")
     with stores.ops_session() as session:
-        jobs.finish(session, nxt, "w1", jobs.JobOutcome(state="failed", error="killed"))
+        jobs.finish(session, nxt, "w1", jobs.JobOutcome(ended=End.FAILED, error="killed"))
         assert repo.lease_of(session, nxt) is None
     after = row(stores, nxt)
     assert (after.state, after.error, after.cancelled_by) == ("cancelled", None, "someone")

@@ -1,4 +1,5 @@
-"""The control plane's judgement (lesson 9): figures and verdicts recomputed from raw samples.
+"""The control plane's judgement (docs/design.md, "The code under test never judges itself"):
+figures and verdicts recomputed from raw samples.
 
 The honest results here are made the way the harness makes them: its own `stats` and
 `accuracy.check` on synthetic samples and outputs, laid out as `experiment._run_case` writes
