@@ -7,6 +7,7 @@ Every function here runs inside the caller's transaction and only flushes.
 
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,6 +66,10 @@ def parse_queue(settings: Settings, queue: str) -> str:
     return queue
 
 
+#: A job's seed is drawn from [0, SEED_RANGE): an int every JSON reader and the harness take.
+SEED_RANGE = 2**31
+
+
 @dataclass(frozen=True)
 class JobSource:
     """The code a job runs, as a commit a GPU host can fetch: the URL (the forge), the branch
@@ -86,10 +91,14 @@ def submit(
     *,
     queue: str | None = None,
     cycle_id: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     source: JobSource | None = None,
 ) -> Job:
-    """Validate against the project's declared experiments and space, then record the job."""
+    """Validate against the project's declared experiments and space, then record the job.
+
+    `seed` (the experiment's inputs, the order of its runs and the judge's bootstraps) is drawn
+    here, by the control plane, unless a caller fixes it: a candidate cannot know it before its
+    job runs, so it cannot prepare for the inputs or the schedule it will meet."""
     declared = config.experiment(experiment)
     full = declared.check_parameters(parameters)
     queue = parse_queue(settings, queue) if queue else queue_for(settings, project.gpu_kind)
@@ -102,7 +111,7 @@ def submit(
         "experiment": experiment,
         "parameters": full,
         "device": "cpu" if queue == "gpu.cpu" else "cuda",
-        "seed": seed,
+        "seed": secrets.randbelow(SEED_RANGE) if seed is None else seed,
         "tolerance": declared.tolerance.model_dump(),
     }
     if declared.kind == "command":

@@ -381,3 +381,18 @@ def test_a_long_wait_is_rung_again_at_doubling_intervals_not_every_tick(settings
     rung = [t for t in ticks if reaping.doorbell_due(t + 0.5, settings)]
     assert rung == [30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1440.0, 1920.0]
     assert not reaping.doorbell_due(29.9, settings)
+
+
+def test_each_job_draws_a_seed_of_its_own_unless_one_is_fixed(
+    stores: Stores, settings: Settings
+) -> None:
+    """The seed of a job's inputs, run order and bootstraps is drawn by the control plane at
+    submission: a candidate written before cannot know it."""
+    make_project(stores, "alpha")
+    drawn = [
+        row(stores, submit(stores, settings, "alpha", prepare=False)).spec["seed"] for _ in range(8)
+    ]
+    assert all(isinstance(s, int) and 0 <= s < jobs.SEED_RANGE for s in drawn), drawn
+    assert len(set(drawn)) > 1, drawn  # 8 draws from 2**31 alike: odds of 2**-217
+    fixed = submit(stores, settings, "alpha", prepare=False, seed=1234)
+    assert row(stores, fixed).spec["seed"] == 1234
