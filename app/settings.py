@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from app.redaction import redact_text, redact_url
+from app.sandbox import RunLimits
 
 ENV_PREFIX = "AUTOPILOT_"
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "memory")
@@ -239,6 +240,50 @@ class ForgeSettings(BaseModel):
 
     git_author_email: str = "autopilot@localhost"
 
+    github_seconds_between_requests: float | None = Field(
+        default=0.25,
+        ge=0,
+        description="PyGithub's pause between two requests to GitHub (None: no pause).",
+    )
+
+    github_seconds_between_writes: float | None = Field(
+        default=1.0,
+        ge=0,
+        description="PyGithub's pause between two writes (GitHub asks integrations to space "
+        "content-creating requests).",
+    )
+
+    github_webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="The secret of the GitHub webhook (POST /api/v1/webhooks/github): each "
+        "delivery's X-Hub-Signature-256 is checked with it; unset, every delivery is refused.",
+    )
+
+    github_reconcile_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How often beat reads the pull requests of cycles awaiting review from "
+        "GitHub and applies a merge or close no webhook delivered.",
+    )
+
+    notify_url: SecretStr | None = Field(
+        default=None,
+        description="A Slack- or Mattermost-compatible incoming webhook: told when a cycle "
+        "awaits review or failed. Secret: such a URL carries its own token.",
+    )
+
+    notify_attempts: int = Field(
+        default=5, ge=1, le=20, description="Tries at delivering one notification."
+    )
+
+    notify_backoff_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="The wait after a notification's first failed try, doubled after each.",
+    )
+
+    notify_timeout_s: float = Field(default=10.0, gt=0, description="One try's time limit.")
+
 
 class AgentSettings(BaseModel):
     """The agents that propose: the LLM endpoint and what a command agent may receive."""
@@ -329,6 +374,12 @@ class QueueSettings(BaseModel):
         "neither, and every job records it.",
     )
 
+    run_limits: RunLimits = Field(
+        default_factory=RunLimits,
+        description='Each experiment run\'s limits, JSON: `{"pids": 4096, "memory": "80%"}`; a '
+        "key left out keeps its default (app/sandbox.py, RunLimits).",
+    )
+
     # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.
     venv_system_site_packages: bool = False
 
@@ -383,6 +434,8 @@ class Settings(
                 shown[name] = "**********" if value.get_secret_value() else ""
             elif isinstance(value, Path):
                 shown[name] = str(value)
+            elif isinstance(value, BaseModel):  # as its variable takes it: JSON
+                shown[name] = value.model_dump_json()
             elif isinstance(value, str) and "://" in value:
                 shown[name] = redact_url(value)
             else:

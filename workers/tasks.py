@@ -11,7 +11,7 @@ from app import broker
 from app.db import Stores
 from app.settings import get_settings
 from workers import gpu, prepare, reaper
-from workers.celery_app import celery
+from workers.celery_app import RECONCILE_GITHUB, celery
 from workers.launcher import confine, execstub
 from workers.launcher.spare import SpareSlot
 
@@ -94,3 +94,11 @@ def schedule_tick() -> list[int]:
     for cycle_id in due:  # after the commit
         broker.ring_advance(get_settings(), cycle_id)
     return due
+
+
+@celery.task(name=RECONCILE_GITHUB)
+def reconcile_github() -> list[str]:
+    """Beat's doorbell: apply the merges and closes on GitHub that no webhook delivered."""
+    from app.forge import decisions
+
+    return decisions.reconcile(stores(), get_settings())

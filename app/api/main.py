@@ -20,6 +20,9 @@ from app.dashboard.router import dashboard_router
 from app.db import Stores
 from app.forge.local import HTTP_PREFIX
 from app.forge.router import router as forge_http_router
+from app.forge.webhooks import MAX_WEBHOOK_BYTES
+from app.forge.webhooks import ROUTE as WEBHOOK_ROUTE
+from app.forge.webhooks import router as webhooks_router
 from app.jobs import router as jobs_router_module
 from app.jobs.router import router as jobs_router
 from app.memory.exchange import MAX_IMPORT_BYTES
@@ -65,6 +68,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
             API_PREFIX + jobs_router_module.LOG_ROUTE_PATTERN: settings.max_job_log_bytes,
             "/api/v1/memory/import": MAX_IMPORT_BYTES + IMPORT_FORM_BYTES,
             HTTP_PREFIX + "/.*": GIT_REQUEST_BYTES,
+            API_PREFIX + WEBHOOK_ROUTE: MAX_WEBHOOK_BYTES,
         },
     )
     app.add_middleware(RequestMetrics)
@@ -83,6 +87,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api.include_router(memory_router)
     api.include_router(jobs_router)
     api.include_router(autopilot_router)
+    api.include_router(webhooks_router)  # GitHub's deliveries: signed, no bearer token
     app.include_router(api)
     app.include_router(health.router)
     app.include_router(metrics_router)  # /metrics, public like /healthz

@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app import broker, db
-from app.cycles import lifecycle, repository, service
+from app.cycles import lifecycle, notices, repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.models import CycleStep
 from app.cycles.steps import BY_STATE, Step
@@ -44,10 +44,13 @@ class Machine:
         """Run steps until the cycle waits (for its job, a review, a budget) or ends."""
         with self._lock(cycle_id):
             done: CycleStep | None = None  # a step that moved the cycle, its row still "started"
+            first: str | None = None  # the state this call found: a move to a wait is news
             while True:
                 state, step, attempt = self._next(cycle_id, done)
-                done = None
+                first, done = first or state, None
                 if step is None or attempt is None:
+                    if state != first:
+                        notices.announce(self.stores, self.settings, cycle_id, state)
                     return state
                 try:
                     try:

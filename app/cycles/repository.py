@@ -211,6 +211,29 @@ def counts_by_state(session: Session) -> dict[str, int] | None:
     return {str(state): int(count) for state, count in rows}
 
 
+def by_pull_request(session: Session, project_ids: Sequence[int], number: int) -> Cycle | None:
+    """The cycle whose pull request is `number` in one of the projects (those that share one
+    repository share its numbers): the newest, if several."""
+    if not project_ids:
+        return None
+    return session.scalars(
+        select(Cycle)
+        .where(Cycle.project_id.in_(project_ids), Cycle.pr_number == number)
+        .order_by(Cycle.id.desc())
+        .limit(1)
+    ).first()
+
+
+def awaiting_review_with_pr(session: Session) -> list[tuple[int, int, int]]:
+    """(cycle id, project id, pull request number) of every cycle awaiting review on a PR."""
+    rows = session.execute(
+        select(Cycle.id, Cycle.project_id, Cycle.pr_number)
+        .where(Cycle.state == "awaiting_review", Cycle.pr_number.is_not(None))
+        .order_by(Cycle.id)
+    ).all()
+    return [(int(c), int(p), int(n)) for c, p, n in rows if n is not None]
+
+
 # -- steps --------------------------------------------------------------------------------------
 
 

@@ -4,7 +4,10 @@ the machine does: the forge and the re-validation job run outside any transactio
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from app import broker
@@ -24,7 +27,21 @@ from app.jobs import service as jobs
 from app.jobs.lifecycle import FINISHED
 from app.memory import service as memory
 from app.projects import service as projects
+from app.redaction import redact_text
 from app.settings import Settings
+
+
+@contextlib.contextmanager
+def _deciding(settings: Settings, cycle_id: int) -> Iterator[None]:
+    """One decision on a cycle at a time on this control host. A rejection closes the PR on
+    GitHub before it records the state, and GitHub's webhook for that close may come back in
+    between: it waits here, then finds the cycle decided. (Several control hosts would use a
+    PostgreSQL advisory lock, as the machine's lock would.)"""
+    folder = settings.state_dir.absolute() / "cycles"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"review-{cycle_id}.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def review(
@@ -36,13 +53,34 @@ def review(
     note: str,
     actor: str,
     merge: bool = False,
+    on_forge: bool = False,
 ) -> Cycle:
     """A reviewer's decision: approve validates the cycle's proposed findings, reject refutes
     them with the note; both post the note on the pull request. Merging (optional on approve)
-    happens afterwards on the control queue, re-validating first if the base moved."""
+    happens afterwards on the control queue, re-validating first if the base moved.
+
+    `on_forge`: the decision was taken on the forge itself (the PR merged or closed on
+    GitHub), so it is only recorded: nothing is posted, closed or merged there again. A cycle
+    decided already raises NotAwaitingReview (or IllegalMove, when two deciders raced)."""
     note = note.strip()
     if not approve and not note:
         raise InvalidInput("a rejection needs a note saying why (it becomes the refutation)")
+    with _deciding(settings, cycle_id):
+        cycle = _decide(stores, settings, cycle_id, approve, note, actor, on_forge)
+    if approve and merge and not on_forge:
+        broker.ring_merge(settings, cycle_id)
+    return cycle
+
+
+def _decide(
+    stores: Stores,
+    settings: Settings,
+    cycle_id: int,
+    approve: bool,
+    note: str,
+    actor: str,
+    on_forge: bool,
+) -> Cycle:
     with stores.ops_session() as session:
         cycle = service.get(session, cycle_id)
         if cycle.state != "awaiting_review":
@@ -60,13 +98,14 @@ def review(
                 memory.validate(msession, finding_id, actor, reason=note or None)
             else:
                 memory.refute(msession, finding_id, actor, reason=note)
-    if number is not None:
+    if number is not None and not on_forge:
         forge = forge_service.forge_for(settings, stores)
         verb = "Approved" if approve else "Rejected"
         forge.comment(ref, number, f"{verb} by {actor}." + (f"\n\n{note}" if note else ""))
         if not approve:
             forge.close(ref, number)
     decision = "approved" if approve else "rejected"
+    where = " on the forge" if on_forge else ""
     with stores.ops_session() as session:
         cycle = service.get(session, cycle_id)
         repository.set_state(session, cycle, decision)
@@ -77,12 +116,77 @@ def review(
                 name="review",
                 status="done",
                 finished_at=utcnow(),
-                detail=f"{decision} by {actor}: {note}"[:2000],
+                detail=f"{decision} by {actor}{where}: {note}"[:2000],
             ),
         )
-    if approve and merge:
-        broker.ring_merge(settings, cycle_id)
     return cycle
+
+
+def record_forge_review(
+    stores: Stores, cycle_id: int, state: str, actor: str, note: str
+) -> CycleStep:
+    """A review submitted on the forge (approved, changes requested) shown on the cycle as a
+    step of its audit trail; it decides nothing: a merge, a close or a command does."""
+    with stores.ops_session() as session:
+        service.get(session, cycle_id)
+        return repository.add_step(
+            session,
+            CycleStep(
+                cycle_id=cycle_id,
+                name=FORGE_REVIEW_STEP,
+                status="done",
+                finished_at=utcnow(),
+                detail=redact_text(f"{state} by {actor}" + (f": {note}" if note else ""))[:2000],
+            ),
+            detached=True,
+        )
+
+
+#: The step that shows a review submitted on the forge.
+FORGE_REVIEW_STEP = "forge_review"
+
+
+def rerun(stores: Stores, settings: Settings, cycle_id: int, actor: str, key: str) -> int:
+    """A new cycle at the same experiment and point as `cycle_id`, with the stated change
+    "re-run asked by <actor>" (memory holds a verdict there already). `key` makes it
+    idempotent: asked again with the same key, the first new cycle is returned."""
+    with stores.ops_session() as session:
+        cycle = service.get(session, cycle_id)
+        project = service.project_of(session, cycle)
+        if cycle.experiment is None:
+            raise InvalidInput(f"cycle {cycle_id} proposed no experiment; nothing to re-run")
+        trigger = service.Trigger(
+            project=project.name,
+            experiment=cycle.experiment,
+            parameters=dict(cycle.parameters or {}),
+            changed_hypothesis=f"re-run of cycle {cycle_id}, asked by {actor}",
+            idempotency_key=service.idempotency(actor, key, {"rerun": cycle_id})[0],
+            trigger="forge",
+        )
+        new, created = service.create(
+            session, trigger, max_live=settings.max_live_cycles_per_project
+        )
+        new_id = new.id
+    if created:  # after the commit
+        broker.ring_advance(settings, new_id)
+    return new_id
+
+
+def cycle_of_pull_request(stores: Stores, project_ids: list[int], number: int) -> int | None:
+    """The id of the cycle whose pull request is `number` in one of the projects, or None."""
+    with stores.ops_session() as session:
+        cycle = repository.by_pull_request(session, project_ids, number)
+        return cycle.id if cycle is not None else None
+
+
+def awaiting_on_forge(stores: Stores) -> list[tuple[int, int, ProjectRef]]:
+    """(cycle id, pull request number, project) of every cycle awaiting review on a PR."""
+    with stores.ops_session() as session:
+        rows = repository.awaiting_review_with_pr(session)
+        projects_by_id = {
+            p: ProjectRef.of(projects.get_project_by_id(session, p)) for _, p, _ in rows
+        }
+        return [(c, n, projects_by_id[p]) for c, p, n in rows]
 
 
 def merge_approved(machine: Machine, cycle_id: int) -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 PullRequestState = Literal["open", "closed", "merged"]
+#: A commit status's state, as GitHub names them.
+CommitState = Literal["success", "failure", "error", "pending"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,16 @@ class PullRequest:
     state: PullRequestState
     head_sha: str | None = None
     merge_sha: str | None = None
+
+
+@dataclass(frozen=True)
+class ForgeDecision:
+    """What people decided on a pull request on the forge: its state, who merged or closed it
+    (a forge login; None while open or unknown) and the last note a person left on it."""
+
+    state: PullRequestState
+    actor: str | None
+    note: str
 
 
 class Forge(Protocol):
@@ -98,3 +110,16 @@ class Forge(Protocol):
     ) -> PullRequest: ...
 
     def close(self, project: ProjectRef, number: int) -> PullRequest: ...
+
+    def set_commit_status(
+        self,
+        project: ProjectRef,
+        sha: str,
+        state: CommitState,
+        description: str,
+        target_url: str,
+        context: str,
+    ) -> None:
+        """Show a verdict on commit `sha` where the forge has commit statuses (GitHub); a
+        no-op elsewhere (the local forge: the dashboard shows it)."""
+        ...

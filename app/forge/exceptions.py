@@ -62,3 +62,31 @@ class ForgeBackendFailed(AutopilotError):
     status = 502
     slug = "forge-backend-failed"
     title = "The git HTTP backend failed"
+
+
+class WebhookNotConfigured(Unavailable):
+    """No webhook secret is set: no delivery can be verified, so none is accepted."""
+
+    slug = "webhook-not-configured"
+    title = "The GitHub webhook is not configured"
+
+
+class WebhookSignatureInvalid(AutopilotError):
+    """The delivery's `X-Hub-Signature-256` is missing or is not the HMAC of its body."""
+
+    status = 401
+    slug = "webhook-signature-invalid"
+    title = "The webhook delivery's signature does not match"
+
+
+class WebhookTooLarge(AutopilotError):
+    status = 413
+    slug = "too-large"
+    title = "Request too large"
+
+
+class CommandNotAllowed(Forbidden):
+    """An `/autopilot` command from a GitHub user who may not write to the repository."""
+
+    slug = "command-not-allowed"
+    title = "Not allowed to decide on this repository"

@@ -26,7 +26,7 @@ from github.Repository import Repository
 from pydantic import SecretStr
 
 from app.errors import InvalidInput
-from app.forge.base import ProjectRef, PullRequest, PullRequestState
+from app.forge.base import CommitState, ForgeDecision, ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
     ForgeRejected,
     ForgeUnavailable,
@@ -137,12 +137,16 @@ class GitHubForge:
         app_id = settings.github_app_id
         key = settings.github_app_private_key
         installation = settings.github_app_installation_id
+        throttle: dict[str, Any] = {
+            "seconds_between_requests": settings.github_seconds_between_requests,
+            "seconds_between_writes": settings.github_seconds_between_writes,
+        }
         if app_id and key and installation:
             key_text = key.get_secret_value() if isinstance(key, SecretStr) else str(key)
             auth: Auth.Auth = Auth.AppAuth(app_id, key_text).get_installation_auth(
                 int(installation)
             )
-            return cls(auth=auth, base_url=settings.github_base_url, **options)
+            return cls(auth=auth, base_url=settings.github_base_url, **{**throttle, **options})
         token = settings.github_token
         if token is None or not token.get_secret_value():
             raise InvalidInput(
@@ -152,7 +156,7 @@ class GitHubForge:
             auth=Auth.Token(token.get_secret_value()),
             base_url=settings.github_base_url,
             secret=token,
-            **options,
+            **{**throttle, **options},
         )
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -358,3 +362,77 @@ class GitHubForge:
             with _WRITE_LOCK:
                 self._call(f"close #{number}", lambda _: pr.edit(state="closed"))
         return self.get_pull_request(project, number)
+
+    # -- what people decided on GitHub ---------------------------------------------------------
+
+    def decision(self, project: ProjectRef, number: int) -> ForgeDecision:
+        """PR `number`'s state, who merged or closed it and the last note a person left on it
+        (a review's or a comment's text): what a reconciliation or a webhook records."""
+        pr = self._pull(project, number)
+        state = self._convert(project, pr).state
+        if state == "open":
+            return ForgeDecision(state, None, "")
+        actor: str | None
+        if state == "merged":
+            actor = pr.merged_by.login if pr.merged_by is not None else None
+        else:
+            repo = self._repo(project)
+            issue = self._call(f"read issue #{number}", lambda _: repo.get_issue(number))
+            actor = issue.closed_by.login if issue.closed_by is not None else None
+        return ForgeDecision(state, actor, self.last_note(project, number))
+
+    def last_note(self, project: ProjectRef, number: int) -> str:
+        """The text of the latest review or comment a person left on PR `number` ('' if none):
+        our own comments (they carry a marker) and `/autopilot` commands are not notes."""
+        pr = self._pull(project, number)
+
+        def notes(_first: bool) -> list[tuple[Any, str]]:
+            found = [(r.submitted_at, r.body or "") for r in pr.get_reviews()]
+            found += [(c.created_at, c.body or "") for c in pr.get_issue_comments()]
+            return found
+
+        kept = [
+            (when, body.strip())
+            for when, body in self._call(f"read the reviews of #{number}", notes)
+            if body.strip()
+            and "<!-- autopilot:" not in body
+            and not body.lstrip().startswith("/autopilot")
+            and when is not None
+        ]
+        return max(kept, key=lambda item: item[0])[1] if kept else ""
+
+    def can_write(self, project: ProjectRef, login: str) -> bool:
+        """Whether GitHub user `login` may write to the project's repository (admin, maintain
+        and write roles all read as `write` or `admin` here)."""
+        repo = self._repo(project)
+        try:
+            permission = self._call(
+                f"read the permission of {login}",
+                lambda _: repo.get_collaborator_permission(login),
+            )
+        except PullRequestNotFound:  # a 404: no such user, or no collaborator
+            return False
+        return permission in ("admin", "write")
+
+    def set_commit_status(
+        self,
+        project: ProjectRef,
+        sha: str,
+        state: CommitState,
+        description: str,
+        target_url: str,
+        context: str,
+    ) -> None:
+        """A commit status on `sha` (GitHub shows it on the PR's checks); posting it again
+        replaces the one of the same context, so a retry is harmless."""
+        if not _SHA.fullmatch(sha):
+            raise InvalidInput(f"expected a full commit sha, got {sha[:80]!r}")
+        repo = self._repo(project)
+        commit = self._call(f"read commit {sha[:12]}", lambda _: repo.get_commit(sha))
+        with _WRITE_LOCK:
+            self._call(
+                f"set the status of {sha[:12]}",
+                lambda _: commit.create_status(
+                    state, target_url=target_url, description=description[:140], context=context
+                ),
+            )

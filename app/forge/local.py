@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from app.clock import utcnow
 from app.db import Stores
 from app.forge import repository
-from app.forge.base import ProjectRef, PullRequest, PullRequestState
+from app.forge.base import CommitState, ProjectRef, PullRequest, PullRequestState
 from app.forge.exceptions import (
     ForgeUnavailable,
     HeadMoved,
@@ -304,6 +304,17 @@ class LocalForge:
             return self.git.run(["diff", f"{pr.merge_sha}^1", pr.merge_sha, "--"], bare)
         head = pr.head_sha or f"refs/heads/{pr.head}"
         return self.git.run(["diff", f"refs/heads/{pr.base}...{head}", "--"], bare)
+
+    def set_commit_status(
+        self,
+        project: ProjectRef,
+        sha: str,
+        state: CommitState,
+        description: str,
+        target_url: str,
+        context: str,
+    ) -> None:
+        return None  # no commit statuses here: the dashboard shows the verdict
 
     def close(self, project: ProjectRef, number: int) -> PullRequest:
         with self._stores.ops_session() as session:

@@ -64,3 +64,17 @@ class PullRequestComment(OpsBase):
     )
     body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookDelivery(OpsBase):
+    """A GitHub webhook delivery acted on (`X-GitHub-Delivery`): one seen again is answered
+    without acting twice. Kept a while, then pruned (GitHub redelivers only recent ones)."""
+
+    __tablename__ = "webhook_delivery"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    delivery_id: Mapped[str] = mapped_column(String(64), unique=True)
+    event: Mapped[str] = mapped_column(String(64))
+    received_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, index=True
+    )

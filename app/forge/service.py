@@ -6,12 +6,14 @@ the pushed branch, the open PR) and returns it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from app.db import Stores
-from app.forge.base import Forge, ProjectRef, PullRequest
+from app.errors import AutopilotError
+from app.forge.base import CommitState, Forge, ProjectRef, PullRequest
 from app.forge.exceptions import PullRequestNotOpen
 from app.git import mirror
 from app.git.exceptions import BaseBranchMissing, MergeConflict
@@ -22,9 +24,45 @@ from app.projects.config import CONFIG_FILE, ConfigError, ProjectConfig
 from app.reports import cycle as report
 from app.settings import Settings
 
+log = logging.getLogger(__name__)
+
 # (pull request, new base sha) -> (verdict holds, reason). The queue's implementation runs the
 # experiment again as a job on the PR's head merged onto that base and compares verdicts.
 Revalidate = Callable[[PullRequest, str], tuple[bool, str]]
+
+
+#: The context of the commit status that shows a cycle's verdict on its PR's head.
+VERDICT_CONTEXT = "autopilot/verdict"
+_WIN = ("faster", "better")
+_LOSS = ("slower", "worse", "rejected_accuracy")
+
+
+def verdict_state(verdict: str | None) -> CommitState:
+    """A verdict as a commit status: a win succeeds, a loss or a failed gate fails, and an
+    inconclusive one succeeds too (GitHub has no neutral status; its description says it)."""
+    return "failure" if verdict in _LOSS else "success"
+
+
+def show_verdict(
+    forge: Forge,
+    project: ProjectRef,
+    sha: str | None,
+    verdict: str | None,
+    description: str,
+    target_url: str,
+) -> bool:
+    """The verdict as a commit status on `sha` (the PR's head), linking to the cycle's page.
+    Best effort: the PR is what a reviewer needs, so a forge that refuses only logs."""
+    if not sha:
+        return False
+    try:
+        forge.set_commit_status(
+            project, sha, verdict_state(verdict), description, target_url, VERDICT_CONTEXT
+        )
+    except AutopilotError as exc:
+        log.warning("no verdict status on %s of %s: %s", sha[:12], project.name, exc.detail)
+        return False
+    return True
 
 
 def forge_for(settings: Settings, stores: Stores, **options: Any) -> Forge:

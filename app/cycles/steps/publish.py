@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from app.cycles import repository, service
 from app.cycles.exceptions import Transient
-from app.cycles.headline import verdict_statement
+from app.cycles.headline import ratio_text, verdict_statement
 from app.cycles.models import Cycle
 from app.cycles.pull_request import links, pr_body, pr_title
 from app.cycles.steps.base import Step
@@ -39,6 +39,14 @@ class Publish(Step):
             )
         except Unavailable as exc:
             raise Transient(exc.detail) from exc
+        forge_service.show_verdict(
+            forge,
+            ref,
+            pr.head_sha,
+            cycle.verdict,
+            f"{cycle.verdict or 'no verdict'}: {ratio_text(cycle.headline)}",
+            where.dashboard,
+        )
         finding_ids = self._record_findings(cycle, ref, gpu_kind, pr.url)
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)

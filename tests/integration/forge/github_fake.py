@@ -2,16 +2,23 @@
 
 GET /repos/{o}/{r}; GET/POST /repos/{o}/{r}/pulls (state/head/base filters, per_page/page with
 Link headers); GET/PATCH /repos/{o}/{r}/pulls/{n}; PUT /repos/{o}/{r}/pulls/{n}/merge;
-GET/POST /repos/{o}/{r}/issues/{n}/comments. Faults are queued per (method, route).
+GET /repos/{o}/{r}/pulls/{n}/reviews; GET /repos/{o}/{r}/issues/{n} (with `closed_by`);
+GET/POST /repos/{o}/{r}/issues/{n}/comments; GET /repos/{o}/{r}/collaborators/{u}/permission;
+GET /repos/{o}/{r}/commits/{sha}; POST /repos/{o}/{r}/statuses/{sha}. Faults are queued per (method, route).
+
+What people do on github.com (merge, close, review, comment) is done with the `*_on_github`
+helpers, which change the fake's state as GitHub would; `webhook_payload` builds the delivery
+GitHub would send for it, shaped as GitHub's webhook documentation shows.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +48,121 @@ class FakeGitHub:
     auth_headers: list[str] = field(default_factory=list)
     hide_from_list: int = 0  # list answers that lag behind (eventual consistency)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    reviews: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    closed_by: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # login -> permission (admin, write, read, none); anyone else reads (a public repository)
+    permissions: dict[str, str] = field(default_factory=dict)
+    statuses: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    # Called (method, route) after a request's work is done, before its answer goes out: what
+    # GitHub does meanwhile (a webhook delivery it sends when a PR closes).
+    after: dict[tuple[str, str], Callable[[], None]] = field(default_factory=dict)
+    bot: str = "autopilot-bot"  # the login the token acts as
+    clock: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def now(self) -> str:
+        """A GitHub timestamp, later at each call (a fake clock, no waiting)."""
+        seconds = next(self.clock)
+        return f"2026-12-05T12:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+    @staticmethod
+    def user(login: str) -> dict[str, Any]:
+        return {"login": login, "id": abs(hash(login)) % 10**6, "type": "User"}
+
+    def merge_on_github(self, number: int, by: str) -> dict[str, Any]:
+        pr = self.pulls[number - 1]
+        pr.update(
+            state="closed",
+            merged=True,
+            merged_by=self.user(by),
+            merge_commit_sha="e" * 40,
+            closed_at=self.now(),
+        )
+        self.closed_by[number] = self.user(by)
+        return pr
+
+    def close_on_github(self, number: int, by: str) -> dict[str, Any]:
+        pr = self.pulls[number - 1]
+        pr.update(state="closed", closed_at=self.now())
+        self.closed_by[number] = self.user(by)
+        return pr
+
+    def review_on_github(self, number: int, by: str, state: str, body: str) -> dict[str, Any]:
+        """`state` as the REST API writes it: APPROVED, CHANGES_REQUESTED, COMMENTED."""
+        review = {
+            "id": 8000 + sum(len(r) for r in self.reviews.values()),
+            "user": self.user(by),
+            "body": body,
+            "state": state,
+            "commit_id": self.pulls[number - 1]["head"]["sha"],
+            "submitted_at": self.now(),
+            "author_association": "MEMBER",
+        }
+        self.reviews[number].append(review)
+        return review
+
+    def comment_on_github(self, number: int, by: str, body: str) -> dict[str, Any]:
+        comment = {
+            "id": 5000 + sum(len(c) for c in self.comments.values()),
+            "body": body,
+            "user": self.user(by),
+            "created_at": self.now(),
+            "url": f"{self.repo_url()}/issues/comments/1",
+            "author_association": "MEMBER",
+        }
+        self.comments[number].append(comment)
+        return comment
+
+    def repository_payload(self) -> dict[str, Any]:
+        return {
+            "id": 1,
+            "name": self.repo,
+            "full_name": f"{self.owner}/{self.repo}",
+            "owner": self.user(self.owner),
+            "private": True,
+            "html_url": f"https://github.example/{self.owner}/{self.repo}",
+        }
+
+    def webhook_payload(self, event: str, number: int, **what: Any) -> dict[str, Any]:
+        """The payload GitHub sends for `event` on PR `number`: pull_request (`action`),
+        pull_request_review (`review`), issue_comment (`comment`), with `sender`."""
+        pr = self.pulls[number - 1]
+        sender = self.user(what.get("sender", self.owner))
+        repository = self.repository_payload()
+        if event == "pull_request":
+            return {
+                "action": what.get("action", "closed"),
+                "number": number,
+                "pull_request": pr,
+                "repository": repository,
+                "sender": sender,
+            }
+        if event == "pull_request_review":
+            review = dict(what["review"])
+            review["state"] = review["state"].lower()  # webhooks write it in lower case
+            return {
+                "action": "submitted",
+                "review": review,
+                "pull_request": pr,
+                "repository": repository,
+                "sender": review["user"],
+            }
+        if event == "issue_comment":
+            issue = {
+                "number": number,
+                "title": pr["title"],
+                "state": pr["state"],
+                "pull_request": {"url": pr["url"], "html_url": pr["html_url"]},
+                "user": self.user(self.bot),
+            }
+            comment = what["comment"]
+            return {
+                "action": "created",
+                "issue": issue,
+                "comment": comment,
+                "repository": repository,
+                "sender": comment["user"],
+            }
+        raise ValueError(event)
 
     def repo_url(self) -> str:
         return f"{self.base_url}/repos/{self.owner}/{self.repo}"
@@ -55,7 +177,10 @@ class FakeGitHub:
             "title": f"PR {number}",
             "body": "",
             "merged": False,
+            "merged_by": None,
             "merge_commit_sha": None,
+            "closed_at": None,
+            "user": self.user(self.bot),
             "mergeable": True,
             "url": url,
             "html_url": f"https://github.example/{self.owner}/{self.repo}/pull/{number}",
@@ -106,6 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not path.startswith(base):
             return self._send(404, {"message": "Not Found"})
         status, answer, headers = self._handle(method, route, path.removeprefix(base), query, body)
+        if (then := gh.after.get((method, route))) is not None:
+            then()
         if fault:
             return self._send(fault.status, fault.body, fault.headers)
         return self._send(status, answer, headers)
@@ -180,7 +307,43 @@ class _Handler(BaseHTTPRequestHandler):
             pr = gh.add_pull(body["head"], body["base"])
             pr.update(title=body.get("title", ""), body=body.get("body", ""))
             return 201, pr, {}
-        match = re.fullmatch(r"/pulls/(\d+)(/merge)?|/issues/(\d+)/comments", rest)
+        permission = re.fullmatch(r"/collaborators/([A-Za-z0-9-]+)/permission", rest)
+        if permission and method == "GET":
+            login = permission.group(1)
+            level = gh.permissions.get(login, "read")
+            return 200, {"permission": level, "role_name": level, "user": gh.user(login)}, {}
+        commit = re.fullmatch(r"/commits/([0-9a-f]{40})", rest)
+        if commit and method == "GET":
+            sha = commit.group(1)
+            if sha not in {p["head"]["sha"] for p in gh.pulls}:
+                return 422, {"message": f"No commit found for SHA: {sha}"}, {}
+            return (
+                200,
+                {
+                    "sha": sha,
+                    "url": f"{gh.repo_url()}/commits/{sha}",
+                    "html_url": f"https://github.example/{gh.owner}/{gh.repo}/commit/{sha}",
+                    "commit": {"message": "results", "tree": {"sha": "d" * 40}},
+                    "parents": [],
+                },
+                {},
+            )
+        status = re.fullmatch(r"/statuses/([0-9a-f]{40})", rest)
+        if status and method == "POST":
+            if body.get("state") not in ("error", "failure", "pending", "success"):
+                return 422, {"message": "Validation Failed"}, {}
+            made = {
+                "id": 9000 + sum(len(v) for v in gh.statuses.values()),
+                "state": body["state"],
+                "description": body.get("description"),
+                "target_url": body.get("target_url"),
+                "context": body.get("context", "default"),
+                "created_at": gh.now(),
+                "creator": gh.user(gh.bot),
+            }
+            gh.statuses[status.group(1)].append(made)
+            return 201, made, {}
+        match = re.fullmatch(r"/pulls/(\d+)(/merge|/reviews)?|/issues/(\d+)(/comments)?", rest)
         if not match:
             return 404, {"message": "Not Found"}, {}
         number = int(match.group(1) or match.group(3))
@@ -192,6 +355,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route == "/pulls/{n}" and method == "PATCH":
             if "state" in body:
                 pr["state"] = body["state"]
+                if body["state"] == "closed":
+                    gh.closed_by[number] = gh.user(gh.bot)
             return 200, pr, {}
         if route == "/pulls/{n}/merge" and method == "PUT":
             if pr["merged"] or pr["state"] != "open":
@@ -202,20 +367,32 @@ class _Handler(BaseHTTPRequestHandler):
                     {"message": "Head branch was modified. Review and try the merge again."},
                     {},
                 )
-            pr.update(merged=True, state="closed", merge_commit_sha="m" * 40)
+            pr.update(
+                merged=True, state="closed", merge_commit_sha="m" * 40, merged_by=gh.user(gh.bot)
+            )
+            gh.closed_by[number] = gh.user(gh.bot)
             return (
                 200,
                 {"sha": "m" * 40, "merged": True, "message": "Pull Request successfully merged"},
                 {},
             )
         if route == "/issues/{n}/comments" and method == "POST":
-            comment = {
-                "id": 5000 + len(gh.comments[number]),
-                "body": body["body"],
-                "url": f"{gh.repo_url()}/issues/comments/1",
-            }
-            gh.comments[number].append(comment)
+            comment = gh.comment_on_github(number, gh.bot, body["body"])
             return 201, comment, {}
+        if route == "/pulls/{n}/reviews" and method == "GET":
+            return self._page(gh.reviews[number], query, PREFIX + full + f"/pulls/{number}/reviews")
+        if route == "/issues/{n}" and method == "GET":
+            issue = {
+                "id": 2000 + number,
+                "number": number,
+                "state": pr["state"],
+                "title": pr["title"],
+                "user": pr["user"],
+                "closed_by": gh.closed_by.get(number),
+                "pull_request": {"url": pr["url"], "html_url": pr["html_url"]},
+                "url": pr["issue_url"],
+            }
+            return 200, issue, {}
         if route == "/issues/{n}/comments" and method == "GET":
             return self._page(
                 gh.comments[number], query, PREFIX + full + f"/issues/{number}/comments"
