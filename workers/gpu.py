@@ -106,6 +106,7 @@ class RunLoop:
         )
         self.recorder = OutcomeRecorder(self.stores, self.settings, self.me.name, sender)
         self.launches = LaunchSettingsCache(self.settings)
+        confine.configure(self.settings.run_limits)  # every run's cgroup from this worker
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -297,9 +298,16 @@ class RunLoop:
             if not isinstance(ran, runner.Outcome):
                 return ran
             result = job_outcome(self.settings, ticket, ran, None, beat.cancelled, log_path)
+            if ran.limit is not None and result.ended in (End.COMPLETED, End.FAILED):
+                # its cgroup's limit stopped it (a refused fork, an OOM kill): say so first
+                result.ended = End.FAILED
+                if ran.limit not in (result.error or ""):
+                    result.error = ran.limit + (f"; {result.error}" if result.error else "")
             if result.ended is End.COMPLETED and ticket.spec.get("head_vs_base"):
                 beat = Heartbeat(self, ticket.job_id)  # the code changed: base against head too
                 result = command_runs.head_vs_base(self.settings, self.me, ticket, result, beat)
+            if ticket.spec.get("head_vs_base"):
+                self.next.go()  # the device is free only now (see `_supervise`)
             return result
         except OSError as exc:
             # The job's folder cannot be written (its filesystem is full or read-only): record
@@ -330,13 +338,18 @@ class RunLoop:
             launch.taken = True
             outcome = runner.run_job(
                 launch.spec,
-                limits=runner.Limits(timeout_s=ticket.time_limit_s),
+                limits=runner.Limits(
+                    timeout_s=ticket.time_limit_s,
+                    max_events_total_bytes=self.settings.run_limits.event_bytes,
+                ),
                 on_event=on_event,
                 on_spawn=lambda pid, pgid: self._spawned(ticket, pid, pgid, beat, settle),
                 spare=launch.spare,
                 deferred=self._defer,
                 staged=launch.staged,
-                on_exit=self.next.go,
+                # A job that measures head against base after this run still owns the device
+                # until those runs end: its next job starts then (`run_one`), not at this exit.
+                on_exit=None if ticket.spec.get("head_vs_base") else self.next.go,
             )
         except LaunchError as exc:
             outcome = jobs.JobOutcome(ended=End.FAILED_START, error=str(exc), log_path=log_path)
@@ -367,6 +380,7 @@ class RunLoop:
             )
         log_file.write(outcome.stdout)
         log_file.write(outcome.stderr)
+        log_file.write("".join(f"{line}\n" for line in outcome.notes()))
 
     def _command(self, ticket: Ticket, settle: Settle | None, log_path: Path) -> jobs.JobOutcome:
         if ticket.reserved:

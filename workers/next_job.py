@@ -110,7 +110,10 @@ class NextJob:
             self.discard(launch.runtime)
 
     def go(self) -> None:
-        """The running job has exited: start the staged next job now (before anything else)."""
+        """The running job is done with the device: start the staged next job now (before
+        anything else). That is its exit, or for a job that runs head against base after it,
+        the end of those runs (`RunLoop._supervise`): the next job never shares the device
+        with a measurement."""
         if self._staged is not None and self._lost != self._staged[0]:
             try:
                 self._staged[1].go()

@@ -3,8 +3,9 @@ are signalled and killed as a whole (docs/design.md, "Hosts and boundaries").
 
 A job sees its clean export (its cwd, writable: scripts write beside themselves, and the export
 is a per-job throwaway copy that nothing reads back), its runtime dir, its venv and what the venv
-reaches (read-only), the GPU's device nodes, and nothing else of the host: not the state dir,
-not other jobs' dirs, not the service's home or checkout, no network unless its experiment asks.
+reaches (read-only), the device nodes of its own GPUs only (`gpu_binds`), and nothing else of
+the host: not the state dir, not other jobs' dirs, not the service's home or checkout, no
+network unless its experiment asks. Its cgroup has the host's limits (`run_cgroup_limits`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,26 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from app import sandbox
+from app.settings import get_settings
 from workers.launcher import deathwatch
 from workers.launcher.runtime import RuntimeDir
 from workers.launcher.venv import inherited_site_dirs
 
 #: The first line of every job's log on a host whose sandbox is off.
 UNCONFINED_LOG_LINE = "[sandbox] off: untrusted code ran unconfined (AUTOPILOT_SANDBOX=off)"
-#: The GPU's device nodes (NVIDIA's and the DRM render nodes), bound when present.
+#: The GPU's device nodes (NVIDIA's and the DRM render nodes) a host may have.
 GPU_DEVICE_PATTERNS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
+#: What every CUDA process needs besides its GPUs' own nodes: the control device, unified
+#: memory and (MIG) capabilities. `nvidia<N>` is GPU N; nvidia-modeset (display) and the DRM
+#: nodes (`/dev/dri`: a render node reaches any GPU of the host) are never bound.
+_GPU_SHARED = re.compile(r"nvidiactl|nvidia-uvm.*|nvidia-caps")
+_GPU_NODE = re.compile(r"nvidia([0-9]+)")
 #: The cgroup of a job's processes on its host: named for the job and for the worker process
 #: that owns it, so that two workers of a host never share one (each may park an interpreter
 #: for the same job in line), and any worker can tell a dead worker's leftovers
@@ -34,8 +42,104 @@ _OWNER = ".w"
 
 
 def gpu_devices() -> list[Path]:
+    """Every GPU device node of this host (what `autopilot doctor` reports)."""
     found = {Path(p) for pattern in GPU_DEVICE_PATTERNS for p in glob.glob(pattern)}
     return sorted(found)
+
+
+def assigned_gpus(visible: str | None) -> list[int]:
+    """The GPU indices of a `CUDA_VISIBLE_DEVICES` value, in its order (a worker's `--device`:
+    `0`, `0,1`); unset or empty: none. An entry that is no index (a UUID) names no node."""
+    entries = [entry.strip() for entry in (visible or "").split(",")]
+    return list(dict.fromkeys(int(entry) for entry in entries if entry.isdigit()))
+
+
+def gpu_binds(
+    assigned: Sequence[int], present: Iterable[str], dev: Path = Path("/dev")
+) -> list[Path]:
+    """The device nodes a run on the GPUs `assigned` gets, of the names `present` in `dev`:
+    nvidiactl, nvidia-uvm*, nvidia-caps and `nvidia<N>` for each assigned N only, so a run
+    cannot open another worker's GPU whatever it sets CUDA_VISIBLE_DEVICES to inside. No GPU
+    assigned: no node at all."""
+    if not assigned:
+        return []
+    wanted = set(assigned)
+    binds = []
+    for name in sorted(set(present)):
+        node = _GPU_NODE.fullmatch(name)
+        if _GPU_SHARED.fullmatch(name) or (node is not None and int(node.group(1)) in wanted):
+            binds.append(dev / name)
+    return binds
+
+
+def gpu_nodes(visible: str | None) -> list[Path]:
+    """This host's device nodes for a run whose CUDA_VISIBLE_DEVICES is `visible`."""
+    gpus = assigned_gpus(visible)
+    return gpu_binds(gpus, _dev_names() if gpus else ())
+
+
+def visible_inside(assigned: Sequence[int]) -> str:
+    """`CUDA_VISIBLE_DEVICES` inside a sandbox that binds only the nodes of `assigned`: CUDA
+    there enumerates only the GPUs whose nodes it can open, numbered from 0 in the host's
+    order (as under Slurm's device confinement), so GPU N is no longer index N; the job's own
+    order of its GPUs is kept."""
+    rank = {gpu: i for i, gpu in enumerate(sorted(assigned))}
+    return ",".join(str(rank[gpu]) for gpu in assigned)
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def cgroup_limits(limits: sandbox.RunLimits, host_memory: int | None = None) -> sandbox.Limits:
+    """The cgroup limits of a run under the host's `run_limits` setting; `host_memory` (bytes,
+    default: this host's MemTotal) is what a share such as `80%` is taken of."""
+    memory: int | None = None
+    if limits.memory.endswith("%"):
+        total = host_memory if host_memory is not None else _host_memory()
+        memory = int(total * float(limits.memory[:-1]) / 100) if total else None
+    elif limits.memory != "max":
+        unit = limits.memory[-1] if limits.memory[-1] in "KMG" else ""
+        memory = int(limits.memory.removesuffix(unit)) * _UNITS[unit]
+    return sandbox.Limits(pids=limits.pids, memory=memory, cpus=limits.cpus)
+
+
+def _host_memory() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+class _Configured:
+    """The cgroup limits this process gives each run's cgroup (`configure`)."""
+
+    limits: sandbox.Limits | None = None
+
+
+def configure(limits: sandbox.RunLimits) -> None:
+    """Give every run's cgroup opened from now on in this process (a job's, a parked
+    interpreter's, an exec stub's) the limits of `limits`: a GPU worker calls it at its start."""
+    _Configured.limits = cgroup_limits(limits)
+
+
+def run_cgroup_limits() -> sandbox.Limits:
+    """The limits a run's cgroup gets: those `configure`d, else this process's settings' (an
+    exec stub readied before the loop's start gets them too)."""
+    if _Configured.limits is None:
+        try:
+            limits = get_settings().run_limits
+        except ValueError:  # settings this process cannot read: the worker refuses to start
+            limits = sandbox.RunLimits()
+        _Configured.limits = cgroup_limits(limits)
+    return _Configured.limits
+
+
+def _dev_names() -> list[str]:
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
 
 
 def job_cgroup_name(job_id: int) -> str:
@@ -96,6 +200,12 @@ def policy(
         p for p in (Path(os.path.abspath(e)) for e in pythonpath) if not p.is_relative_to(root)
     ]
     rw = [root, *writable]
+    env = dict(env)
+    # Only the run's own GPUs (its CUDA_VISIBLE_DEVICES: the worker's `--device`; none for a
+    # guard or a `setup`, which run while another job has the GPU).
+    gpus = assigned_gpus(env.get("CUDA_VISIBLE_DEVICES"))
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = visible_inside(gpus)
     links: list[tuple[str, Path]] = []
     home: Path | None = None
     if runtime is not None:
@@ -106,10 +216,10 @@ def policy(
         home = runtime.path  # caches a library keeps under ~ stay with the job's runtime dir
     return sandbox.Policy(
         cwd=root,
-        env=dict(env),
+        env=env,
         read_only=read_only,
         writable=rw,
-        devices=gpu_devices(),
+        devices=gpu_binds(gpus, _dev_names() if gpus else ()),
         network=network,
         symlinks=links,
         home=home,
@@ -117,11 +227,11 @@ def policy(
 
 
 def open_cgroup(name: str, *, required: bool) -> sandbox.Cgroup | None:
-    """The run's cgroup (leftovers of an earlier run under that name are killed first); None
-    when this host has no writable cgroup v2 and `required` is False (its process group is then
-    all that is killed)."""
+    """The run's cgroup (leftovers of an earlier run under that name are killed first), with
+    the run's limits (`run_cgroup_limits`); None when this host has no writable cgroup v2 and
+    `required` is False (its process group is then all that is killed)."""
     try:
-        return sandbox.Cgroup.create(name)
+        return sandbox.Cgroup.create(name, limits=run_cgroup_limits())
     except sandbox.SandboxUnavailable:
         if required:
             raise

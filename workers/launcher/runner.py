@@ -53,6 +53,9 @@ class Limits:
     max_output_bytes: int = 1 << 20  # kept per stream (the tail); the rest is counted
     max_events: int = 10_000  # kept in the outcome; later ones still reach the callback
     max_event_bytes: int = 64 << 10  # one JSON line
+    #: all the events kept in the outcome together (JSON lines' bytes): a run that floods its
+    #: socket costs its worker at most this (the host's `run_limits.event_bytes`)
+    max_events_total_bytes: int = 16 << 20
     max_result_bytes: int = 16 << 20
     drain_s: float = 2.0  # after exit, how long to wait for pipes held by escaped processes
     read_result: bool = True  # False for a command's run: its output is read, not result.json
@@ -71,6 +74,8 @@ class Outcome:
     events: list[dict[str, Any]] = field(default_factory=list)
     events_dropped: int = 0
     events_malformed: int = 0
+    events_kept_bytes: int = 0  # the JSON lines of `events`, together
+    events_cap_bytes: int = 0  # what `events_kept_bytes` may reach (`Limits`)
     stdout: str = ""
     stderr: str = ""
     stdout_bytes: int = 0
@@ -81,10 +86,25 @@ class Outcome:
     exited_at: float | None = None  # wall clock: when its leader's exit was seen
     spare_missed: str | None = None  # why a spare offered for this job could not run it
     cgroup: str | None = None  # the name of the cgroup it ran in, if any
+    limit: str | None = None  # the cgroup limit it met (`pids.max`, `memory.max`), in words
+    unenforced: list[str] = field(default_factory=list)  # limits this host could not set
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out and self.result_error is None
+
+    def notes(self) -> list[str]:
+        """What the job's log says of its run besides its output: a limit it met, limits this
+        host could not set, events its worker dropped."""
+        lines = [f"[limits] {self.limit}"] if self.limit else []
+        lines += [f"[limits] not enforced on this host: {why}" for why in self.unenforced]
+        if self.events_dropped:
+            lines.append(
+                f"[events] {self.events_dropped} event(s) dropped, not kept with the outcome: "
+                f"its worker kept {len(self.events)} ({self.events_kept_bytes} bytes; the cap "
+                f"is {self.events_cap_bytes} bytes, AUTOPILOT_RUN_LIMITS's event_bytes)"
+            )
+        return lines
 
 
 class _Tail:
@@ -108,6 +128,7 @@ class _Events:
         self.limits = limits
         self.on_event = on_event
         self.kept: list[dict[str, Any]] = []
+        self.kept_bytes = 0
         self.dropped = 0
         self.malformed = 0
 
@@ -140,8 +161,12 @@ class _Events:
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             self.malformed += 1
             return
-        if len(self.kept) < self.limits.max_events:
+        if (
+            len(self.kept) < self.limits.max_events
+            and self.kept_bytes + len(line) <= self.limits.max_events_total_bytes
+        ):
             self.kept.append(event)
+            self.kept_bytes += len(line)
         else:
             self.dropped += 1
         if self.on_event is not None:
@@ -397,6 +422,9 @@ class _Supervision:
             result_error = f"timed out after {lim.timeout_s:g} s" + (
                 f"; {result_error}" if result_error else ""
             )
+        limit = self.cgroup.limit_hit() if self.cgroup is not None else None
+        if limit is not None:  # whatever it printed or wrote, the run did not run as written
+            result_error = limit + (f"; {result_error}" if result_error else "")
         return Outcome(
             pid=self.proc.pid,
             pgid=self.pgid,
@@ -411,11 +439,15 @@ class _Supervision:
             events=self.events.kept,
             events_dropped=self.events.dropped,
             events_malformed=self.events.malformed,
+            events_kept_bytes=self.events.kept_bytes,
+            events_cap_bytes=lim.max_events_total_bytes,
             stdout=self.outs["stdout"].text(),
             stderr=self.outs["stderr"].text(),
             stdout_bytes=self.outs["stdout"].total,
             stderr_bytes=self.outs["stderr"].total,
             exited_at=self.exited_at,
+            limit=limit,
+            unenforced=list(self.cgroup.unenforced) if self.cgroup is not None else [],
         )
 
 
