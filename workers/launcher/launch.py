@@ -89,12 +89,24 @@ class LaunchSpec:
             safe_path=self.argv is None,
         )
 
+    def tree_path(self) -> list[str]:
+        """The module job's tree entries for `sys.path` (PYTHONPATH's, in order)."""
+        return [p for p in self.env().get("PYTHONPATH", "").split(os.pathsep) if p]
+
     def command(self) -> list[str]:
-        """What is executed: the module as `python -m <entry>` runs it (`AS_MAIN`), or the
-        command's argv."""
+        """What is executed: the module as `python -m <entry>` runs it (`AS_MAIN`), started
+        without `site` (`-S`), which `TREE_PATH` runs itself without the tree on `sys.path`,
+        then puts the tree first; or the command's argv."""
         if self.argv is not None:
             return list(self.argv)
-        return [str(self.python), "-c", AS_MAIN + _AS_MAIN_CALL, self.entry]
+        return [
+            str(self.python),
+            "-S",
+            "-c",
+            AS_MAIN + _AS_MAIN_CALL,
+            self.entry,
+            *self.tree_path(),
+        ]
 
     def policy(self) -> sandbox.Policy | None:
         """Its sandbox, or None when it runs unconfined."""
@@ -110,6 +122,44 @@ class LaunchSpec:
         )
 
 
+#: The measurement's own top-level packages (the harness and what it computes with): found
+#: outside the job's tree even though the tree comes first on `sys.path`, so that a tree that
+#: ships a package of one of these names cannot replace the code that times and checks it
+#: (docs/design.md, "Where a number comes from").
+MEASUREMENT = ("autopilot_harness", "numpy", "torch")
+
+#: Puts a module job's tree first on `sys.path` only after start-up: a cold start runs without
+#: `site` (`-S`), and this runs it (the venv's prefix and site-packages, its .pth files, a
+#: `sitecustomize`) with the tree's entries (PYTHONPATH's) taken off `sys.path`, so no
+#: `sitecustomize.py`/`usercustomize.py` of the tree runs; a parked interpreter had none on it
+#: when it started. Then the tree goes first, PYTHONPATH is set for its children, and a finder
+#: looks `MEASUREMENT`'s packages up on `sys.path` without the tree's entries (none found
+#: there: the usual search). Used by the cold start (`AS_MAIN`) and the parked interpreter
+#: (`spare.py`); it removes its own name from `__main__`.
+TREE_PATH = f"""\
+def _autopilot_tree_path(tree):
+    import sys, _frozen_importlib_external as ext
+    sys.modules["__main__"].__dict__.pop("_autopilot_tree_path", None)
+    if sys.flags.no_site and "site" not in sys.modules:
+        sys.path[:] = [p for p in sys.path if p not in tree]
+        import site
+        site.main()
+    import os
+    names = frozenset({MEASUREMENT!r})
+
+    class MeasurementFirst:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if path is not None or name not in names:
+                return None
+            return ext.PathFinder.find_spec(name, [p for p in sys.path if p not in tree])
+
+    if tree:
+        sys.path[0:0] = tree
+        os.environ["PYTHONPATH"] = os.pathsep.join(tree)
+        sys.meta_path.insert(0, MeasurementFirst)
+"""
+
 #: `python -m <entry>` without runpy. For a top-level module that is a source file (what an
 #: experiment's entry is), it does what runpy's `_run_module_as_main` does: the import system
 #: finds its spec (`sys.meta_path`, as `importlib.util.find_spec` asks), its code runs in
@@ -121,11 +171,15 @@ class LaunchSpec:
 #: `__main__` first; with PYTHONSAFEPATH=1 (every module job), `-c` puts no folder on sys.path,
 #: as `-m` puts none. One difference, as for a script: the modules runpy imports are not
 #: imported behind the module's back (`import importlib` alone gives no `importlib.util`).
-AS_MAIN = """\
-def _autopilot_as_main(entry):
+AS_MAIN = (
+    TREE_PATH
+    + """\
+def _autopilot_as_main(entry, tree):
     import sys, _frozen_importlib as boot
+    del sys.argv[1:]
     main = sys.modules["__main__"].__dict__
     main.pop("_autopilot_as_main", None)
+    _autopilot_tree_path(tree)
     plain = "." not in entry and entry not in sys.modules
     spec = boot._find_spec(entry, None) if plain else None
     loader = getattr(spec, "loader", None)
@@ -140,8 +194,12 @@ def _autopilot_as_main(entry):
                 __doc__=None, __loader__=loader, __package__=spec.parent, __spec__=spec)
     exec(code, main)
 """
-#: The call that ends `command()`'s `-c`: its module is the last argument, taken off argv.
-_AS_MAIN_CALL = '_autopilot_as_main(__import__("sys").argv.pop(1))\n'
+)
+#: The call that ends `command()`'s `-c`: its module and its tree's `sys.path` entries are
+#: the arguments, taken off argv.
+_AS_MAIN_CALL = """\
+_autopilot_as_main(__import__("sys").argv[1], __import__("sys").argv[2:])
+"""
 
 
 def _libc_prctl() -> Callable[..., int] | None:
@@ -205,14 +263,14 @@ _PLACED = (
     + """\
 def _autopilot_placed():
     import os, sys
-    go, entry = int(sys.argv[1]), sys.argv[2]
+    go, entry, tree = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     del sys.argv[1:]
     placed = os.read(go, 1) == b"G"
     os.close(go)
     if not placed:
         os._exit(125)
     del sys.modules["__main__"].__dict__["_autopilot_placed"]
-    _autopilot_as_main(entry)
+    _autopilot_as_main(entry, tree)
 _autopilot_placed()
 """
 )
@@ -229,7 +287,7 @@ def _spawn_placed(
     go, ready = os.pipe()
     try:
         proc = subprocess.Popen(  # noqa: S603 - the venv's python and a checked module name
-            [str(job.python), "-c", _PLACED, str(go), job.entry],
+            [str(job.python), "-S", "-c", _PLACED, str(go), job.entry, *job.tree_path()],
             cwd=job.cwd,
             env=env,
             stdin=subprocess.DEVNULL,

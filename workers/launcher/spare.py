@@ -25,7 +25,7 @@ from pathlib import Path
 
 from app import sandbox
 from workers.launcher import confine, runtime
-from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, killpg, spawn
+from workers.launcher.launch import ENTRY, TREE_PATH, LaunchError, LaunchSpec, killpg, spawn
 from workers.launcher.runtime import RuntimeDir
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,15 @@ SPARE_MAX_IDLE_S = 1800.0
 
 #: What a parked interpreter runs: wait for one line (the job), then become `python -m entry`
 #: exactly as runpy does for `-m` (`__main__`, `sys.argv[0]`, `__spec__`), with the job's own
-#: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir)
-#: and per-job variables. Its own name is removed from `__main__` before the module runs.
+#: cwd, `sys.path` entries (PYTHONPATH's place: first, as PYTHONSAFEPATH adds no script dir,
+#: put there by `launch.TREE_PATH`, as for a cold start) and per-job variables. Its own name
+#: is removed from `__main__` before the module runs.
 #: `runpy` (which `-m` imports anyway) and `json` are imported while parked, and so are the
 #: project's `preload` modules (argv; from the venv only: no job path is on `sys.path` yet);
 #: then it says it is ready on a pipe of its own (argv[1]) and waits for its job.
-_PARK = """\
+_PARK = (
+    TREE_PATH
+    + """\
 def _autopilot_park():
     import json, os, runpy, sys
     ready, preload = int(sys.argv[1]), sys.argv[2:]
@@ -64,11 +67,12 @@ def _autopilot_park():
         os.environ.pop(name, None)
     os.environ.update(go["set"])
     os.chdir(go["cwd"])
-    sys.path[0:0] = go["path"]
     del sys.modules["__main__"].__dict__["_autopilot_park"]
+    _autopilot_tree_path(go["path"])
     runpy._run_module_as_main(go["entry"])
 _autopilot_park()
 """
+)
 
 #: Variables a parked interpreter takes at hand-over. Every other variable must be the same in
 #: the spare and the job, because the interpreter or the loader reads it only at start-up.

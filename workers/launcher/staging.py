@@ -20,8 +20,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app import sandbox
 from workers.launcher import confine, execstub
@@ -157,14 +159,33 @@ def takes_stub(job: LaunchSpec) -> bool:
     return job.argv is None and not job.sandboxed and job.cgroup is not None
 
 
+#: The keys of the experiment protocol's spec, as the harness reads them
+#: (`autopilot_harness.protocol.SPEC_KEYS`, which refuses any other key; a unit test keeps the
+#: two equal). A job's spec also carries keys for the worker and the judge alone
+#: (`head_vs_base`, a command's `baseline_parameters`...): the experiment never sees those.
+EXPERIMENT_SPEC_KEYS = frozenset(
+    {"experiment", "parameters", "device", "seed", "repeats", "tolerance", "options"}
+)
+
+
+def experiment_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The experiment's view of a job's spec: only the keys of the experiment protocol. The one
+    place that decides what of a job's spec reaches the experiment process (spec.json). A spec
+    that names no experiment is not a job's (the launcher's own runs) and is written as given."""
+    if "experiment" not in spec:
+        return dict(spec)
+    return {key: value for key, value in spec.items() if key in EXPERIMENT_SPEC_KEYS}
+
+
 def _write_spec(job: LaunchSpec) -> None:
-    """The spec, written afresh: a parked interpreter's start-up (the venv's .pth files, its
-    preloads) runs code that could have left a link at that path."""
+    """The experiment's spec (`experiment_spec`), written afresh: a parked interpreter's
+    start-up (the venv's .pth files, its preloads) runs code that could have left a link at
+    that path."""
     with contextlib.suppress(FileNotFoundError):
         job.spec_path.unlink()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with os.fdopen(os.open(job.spec_path, flags, 0o644), "w") as handle:
-        handle.write(json.dumps(dict(job.spec)))
+        handle.write(json.dumps(experiment_spec(job.spec)))
 
 
 def open_cgroup(job: LaunchSpec) -> sandbox.Cgroup | None:

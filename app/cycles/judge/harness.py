@@ -23,6 +23,11 @@ What is judged:
 - the `cuda_graph` section's comparisons, the same way, when it has any (their accuracy is the
   variant's judged accuracy, as in the harness).
 
+- the `integrity` section (docs/experiments.md, "What the harness defends against"), when the
+  result has one: an ok result whose own checks failed (a clock disagreement, the harness
+  changed in memory) cannot be judged, and each arm's total of timed samples must be the total
+  its clock check saw; a difference is written down for the reviewer.
+
 What is not judged: the `factorial` and `study` sections stay as reported and are listed under
 `judgement.not_judged`, so a reader knows their figures are the experiment's own.
 
@@ -107,6 +112,8 @@ def judge_harness(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
             claims["cuda_graph"],
         )
 
+    _integrity(judged, lines)
+
     head = judged["comparisons"][0]
     reported_headline = result.get("headline")
     for source in (claims, reported_headline if isinstance(reported_headline, Mapping) else {}):
@@ -134,6 +141,46 @@ def judge_harness(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
     if spec.get("head_vs_base"):
         judge_head_vs_base(judged, spec)
     return judged
+
+
+def _integrity(judged: Mapping[str, Any], lines: list[str]) -> None:
+    """The result's record of the harness's defences, against its own samples."""
+    section = judged.get("integrity")
+    if section is None:
+        return
+    if not isinstance(section, Mapping):
+        raise Unjudgeable("integrity must be an object, as the harness writes it")
+    clock = section.get("clock")
+    if section.get("harness_unchanged") is False or (
+        isinstance(clock, list)
+        and any(isinstance(c, Mapping) and c.get("agrees") is False for c in clock)
+    ):
+        raise Unjudgeable(
+            "the result is ok but its integrity section records a failed defence (a clock "
+            "disagreement or a harness changed in memory): its samples cannot be trusted"
+        )
+    if not isinstance(clock, list) or not clock:
+        return
+    totals: dict[str, float] = {}
+    noise = judged["noise_floor"]["samples"]
+    comparisons = judged["comparisons"]
+    base = comparisons[0].get("baseline") if comparisons else None
+    if isinstance(base, str):
+        totals[base] = sum(noise["a_ns"]) + sum(noise["b_ns"])
+        totals[base] += sum(sum(c["samples"]["a_ns"]) for c in comparisons)
+    for comp in comparisons:
+        totals[str(comp["variant"])] = float(sum(comp["samples"]["b_ns"]))
+    for check in clock:
+        if not isinstance(check, Mapping) or check.get("arm") not in totals:
+            continue
+        timed = _number(check.get("timed_ns"))
+        total = totals[str(check["arm"])]
+        if timed is None or not math.isclose(timed, total, rel_tol=1e-9, abs_tol=0.5):
+            lines.append(
+                f"The samples of {check['arm']} total {total:.0f} ns, but the harness's clock "
+                f"check timed {_fmt(check.get('timed_ns'))} ns: the samples were changed after "
+                "they were measured."
+            )
 
 
 def disagreements(result: Mapping[str, Any]) -> list[str]:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# Bound first, before any project code can replace a function of `time` (clocks.py).
+from autopilot_harness import clocks as clocks
+
 __version__ = "0.1.0"
 
 _LAZY = {"Case", "Context", "Experiment", "ExperimentError", "Factorial", "Variant", "main", "run"}

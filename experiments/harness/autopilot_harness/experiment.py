@@ -4,6 +4,14 @@ An entry module builds a :class:`Case` (a baseline, its variants and a reference
 spec's parameters and hands it to :func:`main`; everything else - warm-up, interleaved paired
 timing, A/A noise floor, verdicts, roofline, thread sweep, factorial, events and the result
 file - happens here, the same way for every project.
+
+The variants are the code under test and run in this process, so the measurement defends
+itself (docs/experiments.md, "What the harness defends against"): clocks bound at import
+(`clocks`), each timed call cross-checked against CLOCK_MONOTONIC (`timing.ClockCheck`), the
+harness's own code checked unchanged after the run (`integrity`), the reference's answer
+computed before any variant runs and checked again after the loop, fresh inputs for every call
+where the case makes them (`Case.make_inputs`), and outputs checked at the first call, at calls
+drawn from the seed during the timing loop, and after it.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from autopilot_harness import accuracy, environment, factorial, roofline, stats
+from autopilot_harness import accuracy, clocks, environment, factorial, integrity, roofline, stats
 from autopilot_harness._torch import require_torch
 from autopilot_harness.protocol import (
     SCHEMA_VERSION,
@@ -37,8 +45,11 @@ from autopilot_harness.protocol import (
     write_result,
 )
 from autopilot_harness.timing import (
+    Arm,
+    ClockCheck,
     CpuTimer,
     CudaTimer,
+    PairedSamples,
     Timer,
     interleaved,
     median_time_ns,
@@ -46,6 +57,9 @@ from autopilot_harness.timing import (
 )
 
 MEMORY_HEADROOM = 0.8
+#: Calls of each variant whose output is checked during the timing loop, drawn from the seed
+#: (besides the first call and one after the loop).
+SPOT_CHECKS = 4
 
 
 class ExperimentError(RuntimeError):
@@ -73,8 +87,14 @@ class Case:
     flops: float | None = None
     bytes_moved: float | None = None
     dtype: str = "float32"
-    # Leaf tensors that need gradients when the backward pass is timed.
+    # Leaf tensors that need gradients when the backward pass is timed; with `make_inputs`,
+    # the inputs of the calls that are not compared (study, CUDA graphs, thread sweep).
     inputs: Sequence[Any] = ()
+    # Fresh inputs for one call from a seed (new objects, new values): when given, every
+    # compared call gets its own, made outside the timed region, and each variant's `fn` and
+    # the reference are called with them as arguments. A variant cannot then reuse an output
+    # or a result cached by its inputs' identity or value.
+    make_inputs: Callable[[int], Sequence[Any]] | None = None
 
 
 @dataclass
@@ -150,9 +170,9 @@ def check_memory(needed: float, device: str) -> None:
         )
 
 
-def _call_checked(variant: Variant) -> Any:
+def _call_checked(variant: Variant, args: Sequence[Any] = ()) -> Any:
     try:
-        return variant.fn()
+        return variant.fn(*args)
     except Exception as exc:
         raise ExperimentError(
             f"variant {variant.name!r} raised {type(exc).__name__}: {exc}"
@@ -184,20 +204,46 @@ def _graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
     return graph.replay
 
 
+def _clock_checks(
+    baseline: str, aa: PairedSamples, ab: Mapping[str, PairedSamples], timer: Timer
+) -> list[ClockCheck]:
+    """Each arm's samples against the outside clock, the baseline's from every pair."""
+    base_t, base_w = aa.a_ns + aa.b_ns, aa.a_wall_ns + aa.b_wall_ns
+    checks = []
+    for name, samples in ab.items():
+        base_t, base_w = base_t + samples.a_ns, base_w + samples.a_wall_ns
+        checks.append(ClockCheck.of(name, samples.b_ns, samples.b_wall_ns, timer))
+    return [ClockCheck.of(baseline, base_t, base_w, timer), *checks]
+
+
 def _compare(
-    baseline: Callable[[], Any],
-    candidates: dict[str, Callable[[], Any]],
+    baseline: Callable[[], Any] | Arm,
+    candidates: Mapping[str, Callable[[], Any] | Arm],
     ctx: Context,
     *,
     stage: str,
     accuracy_pass: Mapping[str, bool],
+    baseline_name: str = "baseline",
 ) -> dict[str, Any]:
     def progress(done: int, total: int) -> None:
         ctx.events.send({"type": "progress", "stage": stage, "done": done, "total": total})
 
     aa, ab = interleaved(
-        baseline, candidates, pairs=ctx.repeats, timer=ctx.timer, seed=ctx.seed, on_round=progress
+        baseline,
+        dict(candidates),
+        pairs=ctx.repeats,
+        timer=ctx.timer,
+        seed=ctx.seed,
+        on_round=progress,
     )
+    clock = _clock_checks(baseline_name, aa, ab, ctx.timer)
+    for check in clock:
+        if not check.agrees:
+            raise ExperimentError(
+                f"the clock check of the {stage} stage failed: {check.reason}. The samples "
+                "cannot be trusted; a run whose timer disagrees with the outside clock is "
+                "refused (was the timer or a clock replaced?)"
+            )
     aa_est = stats.estimate_ratio(aa.a_ns, aa.b_ns, seed=ctx.seed)
     floor = stats.noise_floor(aa_est)
     comparisons = []
@@ -219,7 +265,169 @@ def _compare(
     return {
         "noise": {**aa_est.as_dict(), "floor": floor, "samples": aa.as_dict()},
         "comparisons": comparisons,
+        "clock": [c.as_dict() for c in clock],
     }
+
+
+def _bound(fn: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Any]:
+    if not args:
+        return fn
+    return lambda: fn(*args)
+
+
+def _copy(value: Any) -> Any:
+    if hasattr(value, "detach"):
+        return value.detach().clone()
+    return np.array(value, copy=True)
+
+
+def _leaves(args: Sequence[Any]) -> list[Any]:
+    out = []
+    for arg in args:
+        if hasattr(arg, "requires_grad_") and (arg.is_floating_point() or arg.is_complex()):
+            arg = arg.detach().requires_grad_(True)
+        out.append(arg)
+    return out
+
+
+class _Checks:
+    """Where outputs are checked: inputs for each compared call (fresh ones from
+    `Case.make_inputs`, one seed per call from a stream of the spec's seed, else the case's own),
+    the reference's answer for them computed before the variant sees them, and each variant's
+    worst accuracy over the first call, the calls drawn for checking during the timing loop and
+    one call after it."""
+
+    def __init__(self, case: Case, ctx: Context) -> None:
+        self.case, self.ctx = case, ctx
+        self.tolerance = ctx.spec.tolerance
+        self.fresh = case.make_inputs is not None
+        # not secrets: reproducible from the seed, which the control plane draws per job
+        self._seeds = random.Random(f"{ctx.seed}/inputs")  # noqa: S311
+        self._draws = random.Random(f"{ctx.seed}/checks")  # noqa: S311
+        self._gate_seed = self._seeds.randrange(2**31)
+        self.fixed_expected: Any = None
+        self.worst: dict[str, accuracy.Accuracy] = {}
+        self.where: dict[str, str | None] = {}
+        self.count: dict[str, int] = {}
+        self.passes: dict[str, bool] = {}
+        self._at: dict[str, set[int]] = {}
+
+    def gate_inputs(self) -> tuple[Any, ...]:
+        """The first call's inputs (the same values, new objects, each time asked)."""
+        if self.case.make_inputs is None:
+            return ()
+        return tuple(self.case.make_inputs(self._gate_seed))
+
+    def expected(self, args: Sequence[Any]) -> Any:
+        """The reference's answer for `args`; without a reference, the baseline's (None before
+        the gate has run it, for a case without `make_inputs`)."""
+        ref = self.case.reference
+        torch = require_torch()
+        with torch.no_grad():
+            if self.fresh:  # no reference: the baseline's answer for these inputs is it
+                out = ref(*args) if ref is not None else self.case.baseline.fn(*args)
+            elif self.fixed_expected is None:
+                out = ref() if callable(ref) else ref
+                self.fixed_expected = out
+            else:
+                out = self.fixed_expected
+        return _copy(out) if out is not None else None
+
+    def record(self, name: str, output: Any, expected: Any, where: str) -> None:
+        got = accuracy.check(output, expected, self.tolerance)
+        self.count[name] = self.count.get(name, 0) + 1
+        old = self.worst.get(name)
+        if old is None or (old.passed and (not got.passed or _margin(got) > _margin(old))):
+            self.worst[name] = got
+            self.where[name] = where
+        self.passes[name] = self.worst[name].passed
+
+    def draw(self, calls: Mapping[str, int]) -> None:
+        """Which of each variant's timed calls (numbered from 1) have their output checked."""
+        for name, n in calls.items():
+            self._at[name] = set(self._draws.sample(range(1, n + 1), min(SPOT_CHECKS, n)))
+
+    def _inputs(self) -> tuple[Any, ...]:
+        if self.case.make_inputs is None:
+            return ()
+        return tuple(self.case.make_inputs(self._seeds.randrange(2**31)))
+
+    def arm(self, variant: Variant, backward: bool) -> Arm:
+        """The variant as the timing loop calls it: fresh inputs made, and the expected answer
+        computed for a call drawn for checking, before the timed region; that call's output
+        checked after it."""
+        name, fn = variant.name, variant.fn
+        state: dict[str, Any] = {"index": 0, "expected": None}
+
+        def prepare() -> Callable[[], Any]:
+            state["index"] += 1
+            args: Sequence[Any] = self._inputs()
+            checked = state["index"] in self._at.get(name, ())
+            state["expected"] = self.expected(args) if checked else None
+            if backward and self.fresh:
+                args = _leaves(args)
+                return _with_backward(_bound(fn, args), [a for a in args if _is_leaf(a)])
+            if backward:
+                return _with_backward(fn, self.case.inputs)
+            return _bound(fn, args)
+
+        def inspect(output: Any) -> None:
+            expected, state["expected"] = state["expected"], None
+            if expected is not None:
+                self.record(name, output, expected, f"timed call {state['index']}")
+
+        return Arm(prepare, inspect)
+
+    def after_loop(self, variant: Variant) -> None:
+        args = self._inputs() if self.fresh else ()
+        expected = self.expected(args)
+        torch = require_torch()
+        with torch.no_grad():
+            out = _call_checked(variant, args)
+        self.record(variant.name, out, expected, "the call after the timing loop")
+
+    def reference_unchanged(self, before: Any) -> None:
+        """The reference's answer for the first call's inputs, computed again after the loop,
+        must be the one computed before any variant ran: else the reference (or what it computes
+        with) was changed in memory during the run, and the run is refused."""
+        if self.case.reference is None:
+            return
+        if self.fresh:
+            after = self.expected(self.gate_inputs())
+        else:
+            ref = self.case.reference
+            torch = require_torch()
+            with torch.no_grad():
+                after = ref() if callable(ref) else ref
+        tight = Tolerance(self.tolerance.rtol / 100, self.tolerance.atol / 100)
+        same = accuracy.check(after, before, tight)
+        if not same.passed:
+            raise ExperimentError(
+                "the reference's answer for the first call's inputs changed during the run "
+                f"({same.reason}): the reference, or what it computes with, was replaced in "
+                "memory after the harness computed it; the run is refused"
+            )
+
+    def report(self, name: str) -> dict[str, Any]:
+        return {**self.worst[name].as_dict(), "checks": self.count[name], "at": self.where[name]}
+
+
+def _is_leaf(value: Any) -> bool:
+    return bool(getattr(value, "requires_grad", False))
+
+
+def _margin(acc: accuracy.Accuracy) -> float:
+    """How close to its bound an accuracy check came (> 1: it failed)."""
+    bound = acc.tolerance.rtol * acc.scale + acc.tolerance.atol
+    return acc.max_abs_error / bound if bound > 0 else float("inf")
+
+
+def _decide_again(section: dict[str, Any], passes: Mapping[str, bool]) -> None:
+    """The verdicts of `section` with the accuracy known after every check."""
+    floor = section["noise"]["floor"]
+    for comp in section["comparisons"]:
+        est = stats.RatioEstimate(comp["ratio"], comp["ci_low"], comp["ci_high"], comp["n"])
+        comp["verdict"] = stats.decide(est, floor, accuracy_pass=passes[comp["variant"]])
 
 
 def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
@@ -239,26 +447,37 @@ def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
             f"a case needs distinct variant names and at least one variant: {names}"
         )
 
+    fresh = case.make_inputs is not None
+    if fresh and case.reference is not None and not callable(case.reference):
+        raise ExperimentError("a case with make_inputs needs a callable reference(*inputs)")
+    checks = _Checks(case, ctx)
     ctx.log(f"accuracy gate for {', '.join(names)}")
-    with torch.no_grad():
-        ref = case.reference() if callable(case.reference) else case.reference
-        base_out = _call_checked(case.baseline)
-        if ref is None:
-            ref = base_out
-        acc = {case.baseline.name: accuracy.check(base_out, ref, spec.tolerance)}
-        for variant in case.variants:
-            acc[variant.name] = accuracy.check(_call_checked(variant), ref, spec.tolerance)
-    del ref, base_out
+    # The reference's answer comes first, before any variant has run (docs/experiments.md,
+    # "What the harness defends against").
+    gate_expected = checks.expected(checks.gate_inputs())
+    for variant in [case.baseline, *case.variants]:
+        args = checks.gate_inputs()
+        with torch.no_grad():
+            out = _call_checked(variant, args)
+        if gate_expected is None:  # no reference: the baseline's answer is the reference
+            gate_expected = out
+            checks.fixed_expected = out
+        checks.record(variant.name, out, gate_expected, "the first call")
+        del out
 
     backward = ctx.option("backward")
+    fixed = tuple(case.inputs) if fresh else ()
     calls: dict[str, Callable[[], Any]] = {}
+    arms: dict[str, Arm] = {}
     for variant in [case.baseline, *case.variants]:
-        fn = variant.fn
+        fn = _bound(variant.fn, fixed)
         if backward:
             for tensor in case.inputs:
-                tensor.requires_grad_(True)
+                if tensor.is_floating_point() or tensor.is_complex():
+                    tensor.requires_grad_(True)
             fn = _with_backward(fn, case.inputs)
         calls[variant.name] = fn
+        arms[variant.name] = checks.arm(variant, backward)
 
     warmups = {}
     for name, fn in calls.items():
@@ -268,15 +487,30 @@ def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
             raise ExperimentError(f"variant {name!r} raised {type(exc).__name__}: {exc}") from exc
         warmups[name] = {"calls": w.calls, "settled": w.settled, "median_ns": w.median_ns}
 
-    candidates = {v.name: calls[v.name] for v in case.variants}
-    passes = {name: a.passed for name, a in acc.items()}
-    ctx.log(f"timing {ctx.repeats} interleaved rounds")
-    timed = _compare(
-        calls[case.baseline.name], candidates, ctx, stage="timing", accuracy_pass=passes
+    n_candidates = len(case.variants)
+    checks.draw(
+        {case.baseline.name: ctx.repeats * (2 + n_candidates)}
+        | {v.name: ctx.repeats for v in case.variants}
     )
+    ctx.log(f"timing {ctx.repeats} interleaved rounds")
+    passes = checks.passes  # updated as calls are checked; verdicts are decided after
+    timed = _compare(
+        arms[case.baseline.name],
+        {v.name: arms[v.name] for v in case.variants},
+        ctx,
+        stage="timing",
+        accuracy_pass=passes,
+        baseline_name=case.baseline.name,
+    )
+    ctx.log("checking outputs and the reference after the timing loop")
+    for variant in [case.baseline, *case.variants]:
+        checks.after_loop(variant)
+    checks.reference_unchanged(gate_expected)
+    del gate_expected
+    _decide_again(timed, checks.passes)
     for comp in timed["comparisons"]:
         comp["baseline"] = case.baseline.name
-        comp["accuracy"] = acc[comp["variant"]].as_dict()
+        comp["accuracy"] = checks.report(comp["variant"])
         comp["warmup"] = warmups[comp["variant"]]
 
     graph_section = None
@@ -355,6 +589,7 @@ def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
         except Exception as exc:
             raise ExperimentError(f"the study raised {type(exc).__name__}: {exc}") from exc
 
+    untouched = _untouched(ctx)
     head = timed["comparisons"][0]
     return {
         "ratio": head["ratio"],
@@ -373,7 +608,7 @@ def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
         "noise_floor": timed["noise"],
         "baseline": {
             "name": case.baseline.name,
-            "accuracy": acc[case.baseline.name].as_dict(),
+            "accuracy": checks.report(case.baseline.name),
             "warmup": warmups[case.baseline.name],
         },
         "comparisons": timed["comparisons"],
@@ -382,7 +617,29 @@ def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
         "thread_sweep": sweep,
         "factorial": fact,
         "study": study,
+        "integrity": {
+            "clock": timed["clock"],
+            "harness_unchanged": untouched,
+            "fresh_inputs": fresh,
+            "output_checks": dict(checks.count),
+        },
     }
+
+
+def _untouched(ctx: Context) -> bool:
+    """True, or ExperimentError naming what of the harness, its timer or the clocks was
+    replaced in memory during the run (`integrity`, `clocks`)."""
+    changed = _SNAPSHOT.changed() + clocks.replaced()
+    if vars(ctx.timer).keys() & {"run", "time_ns"}:
+        changed.append(f"the timer object's {sorted(vars(ctx.timer).keys() & {'run', 'time_ns'})}")
+    if changed:
+        raise ExperimentError(
+            "the measurement was changed in memory during the run: "
+            + ", ".join(changed[:8])
+            + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+            + "; a run whose harness or clocks were replaced is refused"
+        )
+    return True
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -453,6 +710,11 @@ def run(
             raise SpecError(
                 f"experiment {spec.experiment!r} is declared in {config_path.name} "
                 f"but this entry module provides only {sorted(experiments)}"
+            )
+        if clocks.TAMPERED_AT_IMPORT:
+            raise ExperimentError(
+                f"{', '.join(clocks.replaced())} had been replaced before the harness loaded: "
+                "the project's code ran before the harness and changed the clocks; refused"
             )
         torch = require_torch()
         if spec.device == "cuda" and not torch.cuda.is_available():
@@ -534,6 +796,9 @@ def main(experiments: Mapping[str, Experiment], argv: Sequence[str] | None = Non
     print(f"result: {path}")
     raise SystemExit(code)
 
+
+# What the harness's code is once loaded, before any project code runs (`integrity`).
+_SNAPSHOT = integrity.Snapshot()
 
 __all__ = [
     "Case",

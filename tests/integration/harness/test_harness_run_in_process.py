@@ -81,3 +81,31 @@ def test_a_fast_but_wrong_variant_is_rejected(project):
     assert comp["ratio"] < 1
     assert not comp["accuracy"]["pass"]
     assert comp["verdict"] == result["verdict"] == "rejected_accuracy"
+
+
+def test_fresh_inputs_catch_a_stale_output_even_without_a_reference(project):
+    """With `make_inputs` and no reference, the baseline's answer for each checked call's own
+    inputs is the reference: a variant that returns its first output ever after fails a
+    check during the timing loop."""
+    first = []
+
+    def stale(x):
+        if not first:
+            first.append(x @ x)
+        return first[0]
+
+    def build(ctx):
+        return Case(
+            Variant("a", lambda x: x @ x),
+            [Variant("b", stale)],
+            inputs=(torch.randn(64, 64),),
+            make_inputs=lambda seed: (torch.randn(64, 64, generator=torch.manual_seed(seed)),),
+        )
+
+    code, result = _run(build)
+    assert code == 0, result.get("error")
+    comp = result["comparisons"][0]
+    assert comp["verdict"] == "rejected_accuracy"
+    assert comp["accuracy"]["at"].startswith("timed call"), comp["accuracy"]
+    assert result["integrity"]["output_checks"] == {"a": 6, "b": 6}
+    assert result["baseline"]["accuracy"]["pass"] is True

@@ -7,8 +7,13 @@ from autopilot_harness.timing import interleaved, warm_up
 class FakeTimer:
     """Each callable returns its own 'duration'; no real clock involved."""
 
+    overhead_ns = 0
+
     def time_ns(self, fn):
         return fn()
+
+    def run(self, fn):
+        return fn(), None
 
 
 def test_interleaved_pairs_every_candidate_with_the_baseline_in_random_order():
