@@ -7,11 +7,19 @@ the run's time limit. This process (the runner, outside the child) keeps each ru
 the job's `runs/`, reads one value from the run, and raises `RunFailed`, naming the run and
 showing its last lines, when a run exits non-zero, runs out of time or yields no value:
 
-- a command experiment's run is its argv, read by `metric_pattern` (or `metric_file`) and
-  `check_pattern` (`workers/command_runs.py` runs those jobs);
+- a command experiment's run is its argv; its value is read by `metric_pattern` (or
+  `metric_file`) from its output, or is its wall time on this runner's clock
+  (`metric_source = "wall"`), or the hold-out evaluator's (`metric_source = "evaluator"`),
+  and its check value is read by `check_pattern` or the evaluator's `evaluator_check_pattern`
+  (`workers/command_runs.py` runs those jobs);
 - a harness experiment whose cycle changed code also runs its entry module at base and at head
   (`head_vs_base`): a run's value is the median time of the entry's headline variant, its check
   the median time of the in-process baseline variant, from the result.json it writes.
+
+The hold-out evaluator (docs/design.md, "Where a number comes from") is a program of the base
+commit, run from a tree of its own (the only one that holds the project's `hidden_paths`) after
+each recorded run, in a sandbox of its own: it reads a copy of the run's declared `artifacts`,
+read-only, and its output gives the run's metric or check value.
 
 The control plane judges the values (`app/cycles/judge/command.py`); the code never does.
 """
@@ -33,6 +41,7 @@ from app.jobs import paths
 from app.projects import command as command_kind
 from app.projects.config import Experiment
 from app.settings import Settings
+from workers.evaluator import Evaluator, evaluate, unlink_inside
 from workers.launcher import confine, runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.venv import interpreter_path
@@ -65,12 +74,27 @@ class ArmPlace:
         }
 
 
-def write_arms(settings: Settings, job_id: int, arms: Mapping[str, ArmPlace]) -> None:
-    """Where the job's arms were prepared on this host, for the worker that leases it."""
+def write_arms(
+    settings: Settings,
+    job_id: int,
+    arms: Mapping[str, ArmPlace],
+    evaluator: Evaluator | None = None,
+) -> None:
+    """Where the job's arms (and its evaluator) were prepared on this host, for the worker that
+    leases it."""
     path = paths.arms_path(settings, job_id)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({k: v.as_dict() for k, v in arms.items()}, indent=2))
+    data: dict[str, Any] = {k: v.as_dict() for k, v in arms.items()}
+    if evaluator is not None:
+        data["evaluator"] = evaluator.as_dict()
+    partial.write_text(json.dumps(data, indent=2))
     partial.replace(path)
+
+
+def read_evaluator(settings: Settings, job_id: int) -> Evaluator | None:
+    raw = json.loads(paths.arms_path(settings, job_id).read_text(encoding="utf-8"))
+    section = raw.get("evaluator")
+    return Evaluator.from_dict(section) if isinstance(section, dict) else None
 
 
 def read_arms(settings: Settings, job_id: int) -> dict[str, ArmPlace]:
@@ -183,6 +207,8 @@ class Arms:
     cancelled: Callable[[], bool] = lambda: False
     #: A harness experiment's job spec: both arms run its entry module with it.
     spec: Mapping[str, Any] | None = None
+    #: The base commit's hold-out evaluator, when the experiment declares one.
+    evaluator: Evaluator | None = None
     argvs: dict[str, list[str]] = field(init=False)
     spent_s: float = field(default=0.0, init=False)  # every run's time so far
     variants: set[str] = field(default_factory=set, init=False)  # a harness entry's headline
@@ -219,13 +245,23 @@ class Arms:
         experiment, place, argv = self.experiment, self.places[run.arm], self.argvs[run.arm]
         label = f"run {run.index + 1}/{total} ({run.role}, {shlex.join(argv)})"
         metric_file = place.tree / experiment.metric_file if experiment.metric_file else None
-        if metric_file is not None:
-            try:  # only this run's file may be read after it (a plain name: see config)
-                metric_file.unlink()
-            except FileNotFoundError:
-                pass
+        if experiment.metric_source != "output":
+            metric_file = None  # config refuses one; never read the run's word for it
+        evaluated_keys = (experiment.metric_source, experiment.check_source)
+        if not self.harness and self.evaluator is None and "evaluator" in evaluated_keys:
+            raise RunFailed(
+                f"{label}: the experiment reads the hold-out evaluator, but the base commit's "
+                "autopilot.toml declares none for it (the evaluator is always the base's)"
+            )
+        # Only this run's files may be read after it (metric_file: a plain name, see config).
+        leftovers = [experiment.metric_file] if metric_file is not None else []
+        if self.evaluator is not None:
+            leftovers += self.evaluator.artifacts
+        for relative in leftovers:
+            try:
+                unlink_inside(place.tree, str(relative))
             except OSError as exc:
-                raise RunFailed(f"{label}: metric_file cannot be cleared: {exc.strerror}") from None
+                raise RunFailed(f"{label}: {relative} cannot be cleared: {exc.strerror}") from None
         outcome = run_in_arm(
             self.settings,
             self.job_id,
@@ -244,14 +280,32 @@ class Arms:
             problem = f"wrote no usable result: {outcome.result_error}"
         if problem is not None and not self.cancelled():
             raise RunFailed(f"{label} {problem}; last lines:\n{tail(outcome)}")
+        evaluated: dict[str, Any] = {}
         try:
             value, check = self._read(outcome, metric_file)
+            if self.evaluator is not None and run.role != "warmup" and not self.cancelled():
+                evaluated = evaluate(
+                    self.settings,
+                    self.job_id,
+                    self.evaluator,
+                    index=run.index,
+                    arm=run.arm,
+                    run_tree=place.tree,
+                    device=self.device,
+                    device_env=self.device_env,
+                    time_limit_s=experiment.time_limit_s,
+                    program=program,
+                )
+                if evaluated.get("value") is not None:
+                    value = evaluated["value"]
+                if evaluated.get("check") is not None:
+                    check = evaluated["check"]
         except command_kind.CommandError as exc:
             if self.cancelled():
                 return {}
             raise RunFailed(f"{label}: {exc}; last lines:\n{tail(outcome)}") from None
         if self.log is not None:
-            shown = f"{experiment.metric}={value:g}" + (
+            shown = (f"{experiment.metric}={value:g}" if value is not None else "not evaluated") + (
                 f", check={check:g}" if check is not None else ""
             )
             self.log.write(
@@ -268,11 +322,12 @@ class Arms:
             "exit_code": outcome.returncode,
             "duration_s": round(outcome.duration_s, 6),
             "log": f"runs/{name}",
+            **({"evaluator_log": evaluated["log"]} if evaluated else {}),
         }
 
     def _read(
         self, outcome: runner.Outcome, metric_file: Path | None
-    ) -> tuple[float, float | None]:
+    ) -> tuple[float | None, float | None]:
         experiment = self.experiment
         if self.harness:
             value, in_process, variant = _headline_times(outcome.result)
@@ -284,6 +339,15 @@ class Arms:
                 )
             return value, in_process
         texts = (outcome.stdout, outcome.stderr)
+        check = None
+        if experiment.check_pattern is not None:
+            check_re = command_kind.check_pattern(experiment.check_pattern, "check_pattern")
+            check = command_kind.read_pattern(texts, check_re, "last", "check_pattern")
+        if experiment.metric_source == "wall":
+            # The runner's clock, outside the sandbox: nothing the run prints or writes counts.
+            return outcome.duration_s, check
+        if experiment.metric_source == "evaluator":
+            return None, check  # the evaluator's, once it has run
         if metric_file is not None:
             value = command_kind.read_json_key(
                 _read_metric_file(metric_file),
@@ -295,10 +359,6 @@ class Arms:
             value = command_kind.read_pattern(
                 texts, pattern, experiment.aggregate, "metric_pattern"
             )
-        check = None
-        if experiment.check_pattern is not None:
-            check_re = command_kind.check_pattern(experiment.check_pattern, "check_pattern")
-            check = command_kind.read_pattern(texts, check_re, "last", "check_pattern")
         return value, check
 
     def result(
@@ -317,6 +377,7 @@ class Arms:
             "metric": experiment.metric,
             "direction": experiment.direction,
             "time_metric": experiment.time_metric,
+            "metric_source": experiment.metric_source,
             "device": spec_device,
             "repeats": experiment.repeats,
             "warmup_runs": experiment.warmup_runs,
@@ -333,7 +394,14 @@ class Arms:
             "samples": {role: by(role) for role in ("baseline", "candidate", "baseline_aa")},
             "environment": {"host": host, "device": self.device_env or "cpu"},
         }
-        if experiment.check_pattern is not None:
+        if self.evaluator is not None:
+            result["evaluator"] = {
+                "commit": self.evaluator.commit,
+                "command": self.evaluator.argv,
+                "artifacts": self.evaluator.artifacts,
+            }
+        if experiment.check_source is not None:
+            result["check_source"] = experiment.check_source
             result["checks"] = {
                 "metric": "check",
                 "baseline": by("baseline", "check"),

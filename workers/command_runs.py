@@ -44,11 +44,13 @@ from workers.arms import (
     by_role,
     failure,
     read_arms,
+    read_evaluator,
     run_in_arm,
     tail,
     write_arms,
     write_log,
 )
+from workers.evaluator import Evaluator, evaluator_dir
 from workers.launcher import confine, runner
 from workers.launcher.spare import SpareSlot
 from workers.launcher.venv import Venv
@@ -87,7 +89,15 @@ class Preparer(Protocol):
     def kick(self) -> None: ...
 
 
-__all__ = ["Arms", "ArmPlace", "RunFailed", "SetupFailed", "prepare_arms", "run_command_job"]
+__all__ = [
+    "Arms",
+    "ArmPlace",
+    "RunFailed",
+    "SetupFailed",
+    "evaluator_dir",
+    "prepare_arms",
+    "run_command_job",
+]
 
 
 class SetupFailed(RuntimeError):
@@ -105,12 +115,18 @@ def prepare_arms(
     candidate: Prepared,
     baseline: Prepared,
     device: str,
+    evaluator: tuple[Prepared, Experiment] | None = None,
 ) -> dict[str, ArmPlace]:
-    """Run `setup` in both arms' trees and record where the arms are (`arms.json`)."""
+    """Run `setup` in both arms' trees and record where the arms are (`arms.json`), with the
+    hold-out evaluator's tree and declaration (the base commit's: `evaluator`), if any."""
     arms = {
         name: ArmPlace(tree, env.path, env.requirements_hash, sha)
         for name, (tree, env, sha) in (("baseline", baseline), ("candidate", candidate))
     }
+    judge = None
+    if evaluator is not None:
+        (tree, env, sha), declared = evaluator
+        judge = Evaluator.declared(tree, env.path, env.requirements_hash, sha, declared)
     if experiment.setup:
         argv = command_kind.render(experiment.setup, {}, device)
         for name, place in arms.items():
@@ -125,7 +141,7 @@ def prepare_arms(
                     f"setup {shlex.join(argv)} {problem} in the {name} tree "
                     f"({place.commit or 'tip'}); last lines:\n{tail(outcome)}"
                 )
-    write_arms(settings, job_id, arms)
+    write_arms(settings, job_id, arms, judge)
     return arms
 
 
@@ -157,6 +173,7 @@ def _arms(
         on_spawn=on_spawn,
         cancelled=lambda: beat.cancelled,
         spec=spec,
+        evaluator=read_evaluator(settings, ticket.job_id),
     )
 
 
@@ -245,8 +262,13 @@ def run_command_job(
     ]
     header.append(
         f"[command] {len(plan)} runs: {experiment.warmup_runs} warm-up per arm, "
-        f"{experiment.repeats} blocks of baseline, candidate and A/A baseline"
+        f"{experiment.repeats} blocks of baseline, candidate and A/A baseline; "
+        f"metric from {experiment.metric_source}"
     )
+    if arms.evaluator is not None:
+        header.append(
+            f"[command] evaluator at {arms.evaluator.commit}: {shlex.join(arms.evaluator.argv)}"
+        )
     if settings.sandbox != "on":
         header.insert(0, confine.UNCONFINED_LOG_LINE)
     records, error = _run_logged(arms, plan, log_path, beat, header)
@@ -319,7 +341,13 @@ def head_vs_base(
     section = arms.result(
         records, name=ticket.experiment, spec_device=str(spec.get("device", "cpu")), host=me.host
     )
-    section.update(kind="head_vs_base", metric="time_ns", direction="lower", time_metric=True)
+    section.update(
+        kind="head_vs_base",
+        metric="time_ns",
+        direction="lower",
+        time_metric=True,
+        metric_source="harness",
+    )
     section["in_process_baseline"] = {
         arm: by_role(records, arm, "check") for arm in ("baseline", "candidate")
     }

@@ -175,6 +175,7 @@ def _prepare_locked(
         cfg = project_config.load(tree)
         # Kept out of the export before any project code (the guard) runs in it.
         shutil.copyfile(tree / project_config.CONFIG_FILE, paths.launch_config(settings, job_id))
+        remove_hidden(tree, cfg.project.hidden)
         experiment = cfg.experiment(source.experiment)
         progress = _venv_progress(stores, settings, job_id, host)
         env = venv_for_job(settings, source.project, requirements(cfg), progress)
@@ -183,13 +184,21 @@ def _prepare_locked(
         if experiment.kind == "command" or source.head_vs_base:
             # Two arms: the base commit's tree beside the head's (the cycle changed code, or a
             # command experiment, which is always judged arm against arm).
+            baseline = _baseline(settings, job_id, source, env)
+            base_cfg = project_config.load(baseline[0])
+            # Hidden at either commit: hidden from both arms (the base's list is the one a
+            # candidate cannot change; a head that lists more hides more).
+            hidden = list(dict.fromkeys([*cfg.project.hidden, *base_cfg.project.hidden]))
+            for arm_tree in (tree, baseline[0]):
+                remove_hidden(arm_tree, hidden)
             command_runs.prepare_arms(
                 settings,
                 job_id,
                 experiment,
                 candidate=(tree, env, source.head_sha),
-                baseline=_baseline(settings, job_id, source, env),
+                baseline=baseline,
                 device=source.device,
+                evaluator=_evaluator(settings, job_id, source, baseline, base_cfg),
             )
     except (
         PreparationError,
@@ -296,6 +305,39 @@ def _baseline(
     if venv.requirements_hash(base_requirements) == head_env.requirements_hash:
         return tree, head_env, source.base_sha
     return tree, venv_for_job(settings, source.project, base_requirements), source.base_sha
+
+
+def remove_hidden(tree: Path, hidden: list[str]) -> None:
+    """Remove the project's hidden paths (hold-out data, the evaluator's code) from an export a
+    run, its setup or the guard will see: only the evaluator's own tree keeps them. An export is
+    ours (made afresh, before any project code ran in it), so no link in it is a run's."""
+    for relative in hidden:
+        path = tree / relative
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+
+
+def _evaluator(
+    settings: Settings,
+    job_id: int,
+    source: _Source,
+    baseline: tuple[Path, venv.Venv, str | None],
+    base_cfg: project_config.ProjectConfig,
+) -> tuple[tuple[Path, venv.Venv, str | None], project_config.Experiment] | None:
+    """The hold-out evaluator's tree: the base commit exported again, hidden paths and all, out
+    of every run's reach, with the base commit's declaration of it (a candidate's change to the
+    config never chooses its judge). None when the base declares no evaluator."""
+    try:
+        declared = base_cfg.experiment(source.experiment)
+    except AutopilotError:
+        return None  # an experiment the head adds: no evaluator the base vouches for
+    if not declared.evaluator:
+        return None
+    base = _Source(**{**source.__dict__, "head_sha": source.base_sha})
+    tree = export(settings, job_id, base, command_runs.evaluator_dir(settings, job_id))
+    return (tree, baseline[1], source.base_sha), declared
 
 
 def export(settings: Settings, job_id: int, source: _Source, dest: Path | None = None) -> Path:

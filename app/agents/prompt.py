@@ -28,8 +28,16 @@ _MAX_FILES = 300
 
 
 def protected_paths(config: ProjectConfig) -> list[str]:
-    """What a proposal's diff may not touch: the declared protected paths and the config."""
-    return list(dict.fromkeys([*config.project.protected_paths, CONFIG_FILE]))
+    """What a proposal's diff may not touch: the declared protected and hidden paths and the
+    config."""
+    declared = [*config.project.protected_paths, *config.project.hidden, CONFIG_FILE]
+    return list(dict.fromkeys(declared))
+
+
+def visible_files(files: list[str], config: ProjectConfig) -> list[str]:
+    """The files the prompt may list: none under a hidden path (hold-out data, the evaluator)."""
+    hidden = config.project.hidden
+    return [f for f in files if not any(f == h or f.startswith(h + "/") for h in hidden)]
 
 
 def proposal_schema(config: ProjectConfig, *, diff_allowed: bool) -> dict[str, Any]:
@@ -158,6 +166,7 @@ def _user(context: Context, diff_allowed: bool, files: list[str]) -> str:
             "none yet",
         ),
     ]
+    files = visible_files(files, context.config)
     if diff_allowed and files:
         parts.append(_section("Files of the repository at the base commit", files, _MAX_FILES, ""))
     parts.append("Propose the next experiment as one JSON object.")

@@ -49,6 +49,17 @@ def ratio_text(headline_: dict[str, Any] | None) -> str:
     return f"ratio {interval}" if interval else "no ratio"
 
 
+def trust_note(headline_: dict[str, Any] | None) -> str:
+    """` (self-reported: not a trusted win)` where the verdict's numbers include the
+    candidate's own word (docs/design.md, "Where a number comes from"), else nothing."""
+    if (headline_ or {}).get("trusted") is False:
+        return " (self-reported: not a trusted win)"
+    return ""
+
+
 def verdict_statement(cycle: Cycle) -> str:
     params = ", ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
-    return f"{cycle.experiment} ({params}): {cycle.verdict}, {ratio_text(cycle.headline)}"
+    return (
+        f"{cycle.experiment} ({params}): {cycle.verdict}{trust_note(cycle.headline)}, "
+        f"{ratio_text(cycle.headline)}"
+    )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from app.cycles.headline import interval_text, ratio_text
+from app.cycles.headline import interval_text, ratio_text, trust_note
 from app.cycles.models import Cycle
 from app.forge.base import Forge, ProjectRef
 from app.redaction import redact_text
@@ -50,7 +50,8 @@ def _method(headline: dict[str, Any]) -> str:
         "A/A baseline pair each; median paired ratio with a bootstrap 95% CI; A/A noise floor"
     )
     if headline.get("kind") == "command":
-        return f"{arms}; the check gate before the metric"
+        source = report_command.SOURCE_WORDS.get(str(headline.get("metric_source") or "output"))
+        return f"{arms}; the check gate before the metric; the metric from {source}"
     in_process = (
         "paired, interleaved A/B runs; median ratio with a bootstrap 95% CI; A/A noise "
         "floor; accuracy gate before speed"
@@ -65,7 +66,10 @@ def _method(headline: dict[str, Any]) -> str:
 
 
 def pr_title(cycle: Cycle) -> str:
-    return f"[autopilot] {cycle.experiment}: {cycle.verdict} ({ratio_text(cycle.headline)})"
+    return (
+        f"[autopilot] {cycle.experiment}: {cycle.verdict}{trust_note(cycle.headline)} "
+        f"({ratio_text(cycle.headline)})"
+    )
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ def _verdict_line(cycle: Cycle) -> str:
         if interval
         else "no ratio"
     )
-    return f"**Verdict: {cycle.verdict or 'none'}**, {figures}"
+    return f"**Verdict: {cycle.verdict or 'none'}**{trust_note(headline)}, {figures}"
 
 
 def _sections(

@@ -1,6 +1,7 @@
 """Protected paths: the agent may not change the judge (the harness, the evaluation, the data).
 
-The list comes from `autopilot.toml` *at the base commit* (`[protected] paths = [...]`), so an
+The list comes from `autopilot.toml` *at the base commit* (`[protected] paths = [...]`, and
+`[project] protected_paths` and `hidden_paths`), so an
 agent cannot unprotect a path by editing the config in the same change. `autopilot.toml` itself
 and earlier cycles' `results/` are always protected. The check compares git's object hashes of
 every protected path (mode and object, so a file turned into a symlink counts) in the candidate
@@ -44,7 +45,9 @@ def patterns_from_config(text: str | None) -> list[str]:
         table = data.get("protected", {})
         raw = table.get("paths", []) if isinstance(table, dict) else table
         if isinstance(section, dict) and isinstance(raw, list):
-            raw = [*raw, *section.get("protected_paths", [])]
+            # Hidden paths (hold-out data, the evaluator) are the judge too: no candidate
+            # changes them (docs/design.md, "Where a number comes from").
+            raw = [*raw, *section.get("protected_paths", []), *section.get("hidden_paths", [])]
         if not isinstance(raw, list) or not all(isinstance(p, str) for p in raw):
             raise ProtectedPathChanged(
                 f"{CONFIG_NAME}: [protected] paths must be a list of path strings or globs"

@@ -147,14 +147,21 @@ def command_spec(declared: Experiment) -> dict[str, Any]:
     defaults), and how the control plane judges it (direction, the check gate), written here
     from the config so that the judge never takes them from the result."""
     check = None
-    if declared.check_pattern is not None:
-        check = {"direction": declared.check_direction, "tolerance": declared.check_tolerance}
+    if declared.check_source is not None:
+        check = {
+            "direction": declared.check_direction,
+            "tolerance": declared.check_tolerance,
+            "source": declared.check_source,
+        }
     return {
         "kind": "command",
         "baseline_parameters": dict(declared.defaults),
         "metric": declared.metric,
         "direction": declared.direction,
         "time_metric": declared.time_metric,
+        # Where each number comes from: the judge trusts only the control plane's copy
+        # (docs/design.md, "Where a number comes from").
+        "metric_source": declared.metric_source,
         "check": check,
     }
 

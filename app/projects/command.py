@@ -16,9 +16,13 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Aggregate = Literal["last", "median", "mean", "min", "max"]
+#: Where a run's metric comes from (docs/design.md, "Where a number comes from").
+MetricSource = Literal["output", "wall", "evaluator"]
+#: The sources a candidate cannot write: the runner's clock and the base commit's evaluator.
+TRUSTED_SOURCES = ("wall", "evaluator")
 Role = Literal["warmup", "baseline", "candidate", "baseline_aa"]
 ARMS = ("baseline", "candidate")
 #: `{name}`: a parameter's value; `{{` and `}}` are literal braces.
@@ -29,6 +33,9 @@ _TIME_NAME = re.compile(r"(?:^|_)(?:ms|s|us|ns|sec|secs|seconds|time|latency)$")
 _RATE_NAME = re.compile(r"(?:^|_)per(?:_|$)")  # tokens_per_s: a rate, not a time
 #: What `{device}` becomes: a worker pins one GPU with CUDA_VISIBLE_DEVICES, so it is cuda:0.
 DEVICE_PLACEHOLDER = "device"
+#: The evaluator's placeholders: the one declared artifact's path, the folder holding them all.
+ARTIFACT_PLACEHOLDER = "artifact"
+ARTIFACTS_PLACEHOLDER = "artifacts"
 
 
 class CommandError(ValueError):
@@ -75,6 +82,181 @@ def render(argv: Sequence[str], parameters: Mapping[str, Any], device: str) -> l
         return values[name]
 
     return [_PLACEHOLDER.sub(fill, arg) for arg in argv]
+
+
+class Declaration(Protocol):
+    """What `check_declaration` reads of a command experiment (`config.Experiment`)."""
+
+    @property
+    def entry(self) -> str | None: ...
+    @property
+    def command(self) -> list[str]: ...
+    @property
+    def setup(self) -> list[str]: ...
+    @property
+    def metric_pattern(self) -> str | None: ...
+    @property
+    def metric_file(self) -> str | None: ...
+    @property
+    def metric_key(self) -> str | None: ...
+    @property
+    def metric_unit(self) -> str | None: ...
+    @property
+    def metric_source(self) -> str: ...
+    @property
+    def direction(self) -> str: ...
+    @property
+    def check_pattern(self) -> str | None: ...
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+    @property
+    def defaults(self) -> Mapping[str, Any]: ...
+    @property
+    def evaluator(self) -> list[str]: ...
+    @property
+    def evaluator_metric_pattern(self) -> str | None: ...
+    @property
+    def evaluator_check_pattern(self) -> str | None: ...
+    @property
+    def artifacts(self) -> list[str]: ...
+
+
+def check_declaration(self: Declaration) -> None:
+    """A command experiment's declaration, or CommandError naming the key and the expected
+    form (`app/projects/config.py` validates with it)."""
+    if self.entry is not None:
+        raise CommandError("`entry` is for kind = 'harness'; a command experiment runs `command`")
+    if not self.command:
+        raise CommandError(
+            "a command experiment needs `command`, an argv such as "
+            '["python", "train.py", "--n_layer={n_layer}"]'
+        )
+    _check_source(self)
+    if (self.metric_file is None) != (self.metric_key is None):
+        raise CommandError("`metric_file` and `metric_key` go together")
+    if self.metric_pattern is not None:
+        check_pattern(self.metric_pattern, "metric_pattern")
+    if self.check_pattern is not None:
+        check_pattern(self.check_pattern, "check_pattern")
+    _check_evaluator(self)
+    for name in placeholders(self.command):
+        if name == DEVICE_PLACEHOLDER:
+            continue
+        if name not in self.parameters:
+            raise CommandError(
+                f"command placeholder {{{name}}} is not a declared parameter; declared: "
+                f"{', '.join(sorted(self.parameters)) or '(none)'}"
+            )
+        if name not in self.defaults:
+            raise CommandError(
+                f"command placeholder {{{name}}} has no default: the baseline arm runs "
+                "with [defaults], so each parameter of the command needs one"
+            )
+    for name in placeholders(self.setup):
+        if name != DEVICE_PLACEHOLDER:
+            raise CommandError(
+                f"setup placeholder {{{name}}}: setup runs once per prepared tree, for "
+                "every parameter, so it takes only {device}"
+            )
+
+
+def _check_source(self: Declaration) -> None:
+    """Each metric source and the keys it takes (docs/experiments.md, "The keys")."""
+    read_keys = ("metric_pattern", "metric_file")
+    if self.metric_source == "output":
+        if (self.metric_pattern is None) == (self.metric_file is None):
+            raise CommandError(
+                "a command experiment reads its metric with `metric_pattern` (a regex with "
+                "a `value` group) or with `metric_file` and `metric_key`: exactly one of the "
+                "two (or set metric_source = 'wall' or 'evaluator')"
+            )
+        if self.evaluator_metric_pattern is not None:
+            raise CommandError(
+                "`evaluator_metric_pattern` is read only with metric_source = 'evaluator'"
+            )
+        return
+    for key in read_keys:
+        if getattr(self, key) is not None:
+            raise CommandError(
+                f"`{key}` reads the run's own output, but metric_source = "
+                f"{self.metric_source!r} takes the metric from "
+                + ("the runner's clock" if self.metric_source == "wall" else "the evaluator")
+                + f": drop `{key}` (or set metric_source = 'output')"
+            )
+    if self.metric_source == "wall":
+        if self.direction != "lower":
+            raise CommandError(
+                "metric_source = 'wall' is the run's wall time: direction must be 'lower'"
+            )
+        if self.metric_unit == "other":
+            raise CommandError(
+                "metric_source = 'wall' is a time: drop metric_unit or make it 'time'"
+            )
+        if self.evaluator_metric_pattern is not None:
+            raise CommandError(
+                "`evaluator_metric_pattern` is read only with metric_source = 'evaluator'"
+            )
+        return
+    if not self.evaluator or self.evaluator_metric_pattern is None:
+        raise CommandError(
+            "metric_source = 'evaluator' needs `evaluator` (an argv run from the base "
+            'commit after each run, e.g. ["python", "holdout/evaluate.py", '
+            '"--model={artifact}"]) and `evaluator_metric_pattern` (a regex with a '
+            "`value` group, read from the evaluator's output)"
+        )
+
+
+def _check_evaluator(self: Declaration) -> None:
+    if self.evaluator_metric_pattern is not None:
+        check_pattern(self.evaluator_metric_pattern, "evaluator_metric_pattern")
+    if self.evaluator_check_pattern is not None:
+        check_pattern(self.evaluator_check_pattern, "evaluator_check_pattern")
+        if self.check_pattern is not None:
+            raise CommandError(
+                "`check_pattern` and `evaluator_check_pattern` both declare the quality "
+                "gate: keep one (the evaluator's is not the candidate's word)"
+            )
+    if not self.evaluator:
+        for key in ("evaluator_check_pattern", "artifacts"):
+            if getattr(self, key):
+                raise CommandError(
+                    f"`{key}` is read by the evaluator; declare `evaluator` (an argv) too"
+                )
+        return
+    if self.evaluator_metric_pattern is None and self.evaluator_check_pattern is None:
+        raise CommandError(
+            "`evaluator` gives the run's metric (metric_source = 'evaluator' with "
+            "`evaluator_metric_pattern`) or its quality gate (`evaluator_check_pattern`): "
+            "declare at least one"
+        )
+    check_evaluator_argv(self.evaluator, self.artifacts)
+
+
+def check_evaluator_argv(argv: Sequence[str], artifacts: Sequence[str]) -> None:
+    """The evaluator's argv takes `{artifact}` (only with exactly one declared artifact),
+    `{artifacts}` and `{device}`; CommandError names any other placeholder."""
+    allowed = (ARTIFACT_PLACEHOLDER, ARTIFACTS_PLACEHOLDER, DEVICE_PLACEHOLDER)
+    for name in placeholders(argv):
+        if name not in allowed:
+            raise CommandError(
+                f"evaluator placeholder {{{name}}}: the evaluator takes {{artifact}} (the one "
+                "declared artifact), {artifacts} (the folder of all of them) and {device}"
+            )
+        if name == ARTIFACT_PLACEHOLDER and len(artifacts) != 1:
+            raise CommandError(
+                f"evaluator placeholder {{artifact}} needs exactly one declared artifact (there "
+                f"are {len(artifacts)}); use {{artifacts}}/<path> for several"
+            )
+
+
+def render_evaluator(
+    argv: Sequence[str], artifacts: Sequence[str], folder: str, device: str
+) -> list[str]:
+    """The evaluator's argv for one run, its artifacts copied under `folder`."""
+    values = {ARTIFACTS_PLACEHOLDER: folder}
+    if len(artifacts) == 1:
+        values[ARTIFACT_PLACEHOLDER] = f"{folder}/{artifacts[0]}"
+    return render(argv, values, device)
 
 
 def _text(value: Any) -> str:

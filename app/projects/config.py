@@ -87,8 +87,25 @@ class Experiment(BaseModel):
     check_pattern: str | None = None
     check_direction: Literal["lower", "higher"] = "lower"
     check_tolerance: float = Field(default=0.02, ge=0, le=10)
+    # Where a run's metric comes from (docs/design.md, "Where a number comes from").
+    metric_source: command_kind.MetricSource = Field(
+        default="output",
+        description="output: read from the run's output or metric_file (self-reported when "
+        "the cycle changed code); wall: the runner's clock, outside the sandbox; evaluator: "
+        "the hold-out evaluator's output",
+    )
+    evaluator: list[str] = Field(
+        default_factory=list,
+        description="argv run from the base commit's tree after each run, in a sandbox of its "
+        "own, reading the run's declared artifacts: {artifact}, {artifacts}, {device}",
+    )
+    evaluator_metric_pattern: str | None = None
+    evaluator_check_pattern: str | None = None
+    artifacts: list[str] = Field(
+        default_factory=list, description="files a run writes, relative to its tree"
+    )
 
-    @field_validator("command", "setup", mode="before")
+    @field_validator("command", "setup", "evaluator", mode="before")
     @classmethod
     def _argv(cls, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
@@ -115,73 +132,70 @@ class Experiment(BaseModel):
             )
         return value
 
+    @field_validator("artifacts")
+    @classmethod
+    def _artifacts(cls, value: list[str]) -> list[str]:
+        for path in value:
+            parts = Path(path).parts
+            if not path or path.startswith("/") or ".." in parts or "." in path.split("/"):
+                raise ValueError(
+                    f"artifact {path!r} must be a file path relative to the run's tree, like "
+                    "'out/model.pt' (no '/' at the start, no '..')"
+                )
+        return value
+
     @model_validator(mode="after")
     def _kind(self) -> Experiment:
-        command_keys = ("command", "setup", "metric_pattern", "metric_file", "check_pattern")
+        command_keys = (
+            "command",
+            "setup",
+            "metric_pattern",
+            "metric_file",
+            "check_pattern",
+            "evaluator",
+            "evaluator_metric_pattern",
+            "evaluator_check_pattern",
+            "artifacts",
+        )
         if self.kind == "harness":
             if self.entry is None:
                 raise ValueError("an experiment of kind 'harness' needs `entry`, a module name")
             for key in command_keys:
                 if getattr(self, key):
                     raise ValueError(f"`{key}` is for kind = 'command'; this one is 'harness'")
+            if self.metric_source != "output":
+                raise ValueError(
+                    "`metric_source` is for kind = 'command'; a harness experiment's numbers "
+                    "come from its harness"
+                )
             return self
         try:
-            self._check_command()
+            command_kind.check_declaration(self)
         except command_kind.CommandError as exc:
             raise ValueError(str(exc)) from None
         return self
-
-    def _check_command(self) -> None:
-        if self.entry is not None:
-            raise command_kind.CommandError(
-                "`entry` is for kind = 'harness'; a command experiment runs `command`"
-            )
-        if not self.command:
-            raise command_kind.CommandError(
-                "a command experiment needs `command`, an argv such as "
-                '["python", "train.py", "--n_layer={n_layer}"]'
-            )
-        if (self.metric_pattern is None) == (self.metric_file is None):
-            raise command_kind.CommandError(
-                "a command experiment reads its metric with `metric_pattern` (a regex with a "
-                "`value` group) or with `metric_file` and `metric_key`: exactly one of the two"
-            )
-        if (self.metric_file is None) != (self.metric_key is None):
-            raise command_kind.CommandError("`metric_file` and `metric_key` go together")
-        if self.metric_pattern is not None:
-            command_kind.check_pattern(self.metric_pattern, "metric_pattern")
-        if self.check_pattern is not None:
-            command_kind.check_pattern(self.check_pattern, "check_pattern")
-        for name in command_kind.placeholders(self.command):
-            if name == command_kind.DEVICE_PLACEHOLDER:
-                continue
-            if name not in self.parameters:
-                raise command_kind.CommandError(
-                    f"command placeholder {{{name}}} is not a declared parameter; declared: "
-                    f"{', '.join(sorted(self.parameters)) or '(none)'}"
-                )
-            if name not in self.defaults:
-                raise command_kind.CommandError(
-                    f"command placeholder {{{name}}} has no default: the baseline arm runs "
-                    "with [defaults], so each parameter of the command needs one"
-                )
-        for name in command_kind.placeholders(self.setup):
-            if name != command_kind.DEVICE_PLACEHOLDER:
-                raise command_kind.CommandError(
-                    f"setup placeholder {{{name}}}: setup runs once per prepared tree, for "
-                    "every parameter, so it takes only {device}"
-                )
 
     @property
     def longest_job_s(self) -> float:
         """The longest a job of this experiment may run: every run of both arms (and, for a
         harness job whose cycle changed code, its in-process run before them) at its limit."""
         runs = 2 * self.warmup_runs + 3 * self.repeats + (self.kind == "harness")
-        return self.time_limit_s * runs
+        # An evaluator runs after each recorded run, under the same limit.
+        evaluations = 3 * self.repeats if self.evaluator else 0
+        return self.time_limit_s * (runs + evaluations)
 
     @property
     def time_metric(self) -> bool:
-        return self.kind == "harness" or command_kind.is_time_metric(self.metric, self.metric_unit)
+        if self.kind == "harness" or self.metric_source == "wall":
+            return True
+        return command_kind.is_time_metric(self.metric, self.metric_unit)
+
+    @property
+    def check_source(self) -> str | None:
+        """Where the quality gate's value comes from: the run's output, the evaluator, none."""
+        if self.evaluator_check_pattern is not None:
+            return "evaluator"
+        return "output" if self.check_pattern is not None else None
 
     @field_validator("parameters")
     @classmethod
@@ -269,6 +283,11 @@ class ProjectSection(BaseModel):
     gpu_kind: str = "cpu"
     python_requirements: list[str] = Field(default_factory=list)
     protected_paths: list[str] = Field(default_factory=list)
+    hidden_paths: list[str] = Field(
+        default_factory=list,
+        description="hold-out data and the evaluator's code: absent from every run's tree and "
+        "the agent's prompt, changed by no candidate, seen only by the evaluator",
+    )
     schedule: str | None = Field(default=None, description="'every 2h' or a cron expression")
     preload: list[str] = Field(
         default_factory=list,
@@ -306,6 +325,25 @@ class ProjectSection(BaseModel):
             if path.startswith("/") or ".." in Path(path).parts:
                 raise ValueError(f"{path!r} must be a path relative to the repository root")
         return value
+
+    @field_validator("hidden_paths")
+    @classmethod
+    def _hidden(cls, value: list[str]) -> list[str]:
+        for path in value:
+            bare = path.strip().removeprefix("./").rstrip("/")
+            if not bare or path.startswith("/") or ".." in Path(bare).parts or "*" in bare:
+                raise ValueError(
+                    f"hidden path {path!r} must be a file or folder relative to the repository "
+                    "root, like 'holdout' or 'data/test.json' (no glob, no '..')"
+                )
+            if bare == CONFIG_FILE:
+                raise ValueError(f"{CONFIG_FILE} cannot be hidden: every run's runner reads it")
+        return value
+
+    @property
+    def hidden(self) -> list[str]:
+        """`hidden_paths`, each as a bare path relative to the root (no `./`, no final `/`)."""
+        return [p.strip().removeprefix("./").rstrip("/") for p in self.hidden_paths]
 
 
 def check_requirement(line: str) -> str:

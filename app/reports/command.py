@@ -161,7 +161,59 @@ def method_lines(result: Mapping[str, Any]) -> list[str]:
         sha = _sha(section)
         commands.append(f"# {arm}" + (f" at {sha[:12]}" if sha else ""))
         commands.append(command_line(section) or "# (no command recorded)")
-    return [text, "", "Commands run, each arm at its own commit:", "", *code_block(commands), ""]
+    evaluator = _mapping(result.get("evaluator"))
+    if evaluator and command_line(evaluator):
+        sha = _sha(evaluator)
+        commands.append("# evaluator, after each run" + (f", at {sha[:12]}" if sha else ""))
+        commands.append(command_line(evaluator) or "")
+    return [
+        text,
+        "",
+        source_line(result),
+        "",
+        "Commands run, each arm at its own commit:",
+        "",
+        *code_block(commands),
+        "",
+    ]
+
+
+#: How REPORT.md and the pull request name each source of a number.
+SOURCE_WORDS = {
+    "output": "the program's own output (or metric file)",
+    "wall": "the runner's clock, outside the sandbox (each run's wall time)",
+    "evaluator": "the hold-out evaluator of the base commit, on the run's artifacts",
+    "harness": "the harness",
+}
+
+
+def source_line(result: Mapping[str, Any]) -> str:
+    """Where the metric and the check value came from, in one line."""
+    integrity = _mapping(result.get("integrity"))
+    metric, check = _metrics(result)
+    source = str(integrity.get("metric_source") or result.get("metric_source") or "output")
+    text = f"{code_span(metric)} comes from {SOURCE_WORDS.get(source, code_span(source))}"
+    check_source = integrity.get("check_source") or result.get("check_source")
+    if check and check_source:
+        text += f"; the check value from {SOURCE_WORDS.get(str(check_source), '?')}"
+    return text + "."
+
+
+def integrity_lines(result: Mapping[str, Any]) -> list[str]:
+    """A warning block where a number is the candidate's own word (self-reported): such a
+    verdict is never a trusted win (docs/design.md, "Where a number comes from")."""
+    integrity = _mapping(result.get("integrity"))
+    flags = integrity.get("flags")
+    if not is_command(result) or result.get("trusted") is not False or not isinstance(flags, list):
+        return []
+    return [
+        "> [!WARNING]",
+        "> **Self-reported: not a trusted win.** The verdict's numbers include the "
+        "candidate's own word, so whatever they say, this result can never be kept:",
+        ">",
+        *(f"> - {cell(str(line))}" for line in flags),
+        "",
+    ]
 
 
 def check_gate(result: Mapping[str, Any]) -> str:

@@ -135,6 +135,7 @@ def judgement_lines(result: Mapping[str, Any]) -> list[str]:
             *(f"> - {_cell(line)}" for line in disagreements),
             "",
         ]
+    lines += report_command.integrity_lines(result)
     if result.get("sandbox") == "off":
         lines += [
             "> [!CAUTION]",
@@ -276,7 +277,8 @@ def render_markdown(result: Mapping[str, Any], context: ReportContext) -> str:
         + (f", base `{context.base_sha[:12]}`" if context.base_sha else "")
         + ".",
         "",
-        f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**",
+        f"**Verdict: {verdict or ('error' if status == 'error' else 'none')}**"
+        + (" (self-reported: not a trusted win)" if result.get("trusted") is False else ""),
         "",
         *judgement_lines(result),
         "## Hypothesis",

@@ -14,7 +14,12 @@ wrote at submission: direction, check gate, seed), never the result's own copy o
 - the check gate first: the candidate's median check value may not be worse than the
   baseline's beyond the relative tolerance; a failed gate is `rejected_accuracy`;
 - then the verdict: `faster`/`slower` for a time metric, `better`/`worse` otherwise, only when
-  the whole CI clears 1 and the ratio clears the noise floor; `inconclusive` otherwise.
+  the whole CI clears 1 and the ratio clears the noise floor; `inconclusive` otherwise;
+- and where each number came from (docs/design.md, "Where a number comes from"): a metric or
+  check value read from the output of code the cycle changed (the candidate's commit is not
+  the baseline's) is *self-reported*, and the judgement is then not `trusted`, whatever its
+  verdict: the verdict word stays what the figures say, and `trusted` is what a keep (research
+  lines) checks.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ from app.cycles.exceptions import Unjudgeable
 from app.cycles.judge.figures import FIGURES, JUDGE, MAX_PAIRS
 
 ROLES = ("baseline", "candidate", "baseline_aa")
+#: Where a judged number may come from: a command's three, and a harness entry at two commits.
+SOURCES = ("output", "wall", "evaluator", "harness")
+#: The verdicts that claim an improvement: only a trusted one may ever be kept.
+WINS = ("faster", "better")
 
 
 def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,6 +67,7 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
     noise = stats.estimate_ratio(values["baseline"], values["baseline_aa"], seed=seed)
     floor = stats.noise_floor(noise)
     estimate = stats.estimate_ratio(values["baseline"], values["candidate"], seed=seed + 1)
+    integrity = _integrity(result, spec)
     check = _check(spec.get("check"), result.get("checks"))
     passed = check is None or bool(check["pass"])
     decided = stats.decide(estimate, floor, accuracy_pass=passed)
@@ -67,6 +77,9 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
     judged["noise_floor"] = {**noise.as_dict(), "floor": floor}
     if check is not None:
         judged["check"] = check
+    trusted = {k: integrity[k] for k in ("metric_source", "self_reported", "trusted")}
+    judged.update(trusted)
+    judged["integrity"] = integrity
     judged["headline"] = {
         "kind": "command",
         "metric": spec.get("metric") or result.get("metric"),
@@ -76,6 +89,7 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
         "verdict": verdict,
         "noise_floor": floor,
         "accuracy_pass": passed,
+        **trusted,
     }
     judged["judgement"] = {
         "by": JUDGE,
@@ -86,6 +100,71 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
         "not_judged": [],
     }
     return judged
+
+
+def _integrity(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the metric and the check value came from, whether either is the candidate's own
+    word, and so whether the judgement may be trusted for a keep. The sources are the spec's
+    (the control plane's copy of the config); the runner's record must agree with them."""
+    source = spec.get("metric_source") or "output"
+    if source not in SOURCES:
+        raise Unjudgeable(f"the job's spec has metric_source {source!r}; expected {SOURCES}")
+    recorded = result.get("metric_source")  # None: a result recorded before sources were
+    if recorded is not None and recorded != source:
+        raise Unjudgeable(
+            f"the runner read the metric from {recorded!r}, but the job's spec says "
+            f"metric_source = {source!r}: the head's autopilot.toml is not the one submitted"
+        )
+    wanted = spec.get("check")
+    check_source = None
+    if isinstance(wanted, Mapping):
+        check_source = str(wanted.get("source") or "output")
+        recorded_check = result.get("check_source")
+        if recorded_check is not None and recorded_check != check_source:
+            raise Unjudgeable(
+                f"the runner read the check value from {recorded_check!r}, but the job's spec "
+                f"says {check_source!r}"
+            )
+    arms = result.get("arms")
+    commits = {
+        arm: (arms.get(arm) or {}).get("commit") if isinstance(arms, Mapping) else None
+        for arm in ("baseline", "candidate")
+    }
+    changed = commits["baseline"] != commits["candidate"]
+    metric = spec.get("metric") or result.get("metric") or "the metric"
+    flags: list[str] = []
+    where = (
+        f"(candidate at {str(commits['candidate'])[:12]}, base at {str(commits['baseline'])[:12]})"
+    )
+    self_reported = source == "output" and changed
+    if self_reported:
+        flags.append(
+            f"self-reported: `{metric}` was read from the output of code the cycle changed "
+            f"{where}; the candidate can print any number, so this is never a trusted win "
+            "(declare metric_source = 'wall' or 'evaluator')"
+        )
+    check_self_reported = check_source == "output" and changed
+    if check_self_reported:
+        flags.append(
+            "self-reported check: the quality gate's value was read from the output of code "
+            f"the cycle changed {where}; a gate the candidate can print is no gate (declare "
+            "evaluator_check_pattern)"
+        )
+    return {
+        "metric_source": source,
+        "check_source": check_source,
+        "changed_code": changed,
+        "self_reported": self_reported,
+        "check_self_reported": check_self_reported,
+        "trusted": not (self_reported or check_self_reported),
+        "flags": flags,
+    }
+
+
+def trusted_win(judged: Mapping[str, Any]) -> bool:
+    """Whether a judged result is a win that may ever be kept: an improvement whose numbers
+    came only from sources the candidate cannot write."""
+    return judged.get("verdict") in WINS and judged.get("trusted") is not False
 
 
 def _word(decided: str, direction: str, time_metric: bool) -> str:
@@ -178,7 +257,13 @@ def judge_head_vs_base(judged: dict[str, Any], spec: Mapping[str, Any]) -> None:
             "at head and the verdict is head against base"
         )
     seed = spec.get("seed", 0) or 0
-    rules = {"seed": seed, "direction": "lower", "time_metric": True, "metric": "time_ns"}
+    rules = {
+        "seed": seed,
+        "direction": "lower",
+        "time_metric": True,
+        "metric": "time_ns",
+        "metric_source": "harness",
+    }
     arms = judge_command({**section, "status": "ok"}, rules)
     in_process = dict(judged.get("headline") or {})
     passed = bool(in_process.get("accuracy_pass", True))

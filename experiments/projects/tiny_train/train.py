@@ -9,7 +9,8 @@ with the width and the batch.
     python train.py --width 64 --steps 400 --lr 0.05 --seed 3
 
 Every `--log-every` steps (and after the last) it prints the mean training loss and the mean
-wall time of a step over that stretch, then the loss on a held-out set:
+wall time of a step over that stretch, then the loss on a validation set; with `--out` it writes
+the trained weights as JSON (what an evaluator reads):
 
     step 50 loss 0.1234 time 0.321ms
     ...
@@ -21,12 +22,14 @@ The same `--seed` gives the same losses, line for line.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import re
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 TRAIN_SIZE = 512
 VAL_SIZE = 256
@@ -59,6 +62,10 @@ class MLP:
 
     def hidden(self, x: float) -> list[float]:
         return [math.tanh(w * x + b) for w, b in zip(self.w1, self.b1, strict=True)]
+
+    def as_dict(self) -> dict[str, object]:
+        """The weights, as `--out` writes them."""
+        return {"w1": self.w1, "b1": self.b1, "w2": self.w2, "b2": self.b2}
 
     def predict(self, x: float) -> float:
         return self.b2 + sum(w * h for w, h in zip(self.w2, self.hidden(x), strict=True))
@@ -125,6 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-every", type=positive_int, default=50, help="steps between progress lines"
     )
+    parser.add_argument("--out", type=Path, default=None, help="write the weights here (JSON)")
     args = parser.parse_args(argv)
     if args.batch > TRAIN_SIZE:
         parser.error(f"--batch {args.batch} is larger than the training set ({TRAIN_SIZE})")
@@ -165,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             window_steps = 0
 
     print(f"val loss {model.loss(val):.4f}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"width": args.width, **model.as_dict()}))
     return 0
 
 

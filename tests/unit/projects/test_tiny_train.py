@@ -1,5 +1,6 @@
-"""The tiny_train example project: train.py prints what its autopilot.toml reads, trains, is
-deterministic, and its step time grows with the width (the lever its experiment measures)."""
+"""The tiny_train example project: train.py writes the weights its hold-out evaluator reads,
+trains, is deterministic, and its step time grows with the width (the lever its experiment
+measures)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def matches(pattern: str, *texts: str) -> list[float]:
     return [float(m.group("value")) for text in texts for m in re.finditer(pattern, text)]
 
 
-def test_the_configured_command_prints_what_the_config_reads(experiment):
-    assert experiment["kind"] == "command"
+def test_the_configured_command_writes_what_the_evaluator_reads(experiment, tmp_path):
+    assert experiment["kind"] == "command" and experiment["metric_source"] == "wall"
     defaults, parameters = experiment["defaults"], experiment["parameters"]
     for name, value in defaults.items():
         assert value in parameters[name], name
@@ -57,17 +58,34 @@ def test_the_configured_command_prints_what_the_config_reads(experiment):
         PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg) for arg in experiment["command"]
     ]
     assert argv[0] == "python"
+    [artifact] = experiment["artifacts"]
+    argv = [a.replace(artifact, str(tmp_path / artifact)) for a in argv]
 
     stdout, stderr = output(argv[1:])
 
     steps = STEP_LINE.findall(stdout)
     assert [int(step) for step, _, _ in steps] == list(range(10, 201, 10))  # --log-every=10
-    times = matches(experiment["metric_pattern"], stdout, stderr)
-    assert times == [float(t) for _, _, t in steps]
-    assert all(t > 0 for t in times)
-    [val_loss] = matches(experiment["check_pattern"], stdout, stderr)
-    assert 0 < val_loss < 1
     assert "trains on the CPU" in stderr
+    evaluator = [a.replace("{artifact}", str(tmp_path / artifact)) for a in experiment["evaluator"]]
+    stdout, _ = output(evaluator[1:])
+    [loss] = matches(experiment["evaluator_check_pattern"], stdout)
+    assert 0 < loss < 0.2
+
+
+def test_the_evaluator_recomputes_the_loss_from_the_weights_alone(experiment, tmp_path):
+    """A model file that claims a low loss is judged by its weights: the claim is ignored."""
+    forged = tmp_path / "model.json"
+    forged.write_text('{"w1": [1.0], "b1": [0.0], "w2": [0.0], "b2": 0.0, "loss": 1e-9}')
+    stdout, _ = output(["holdout/evaluate.py", f"--model={forged}"])
+    [loss] = matches(experiment["evaluator_check_pattern"], stdout)
+    assert loss > 0.3  # a constant 0 against sin(3x): far from the trained model's ~0.04
+
+
+def test_the_hold_out_data_is_hidden_from_the_runs():
+    with open(PROJECT / "autopilot.toml", "rb") as handle:
+        project = tomllib.load(handle)["project"]
+    assert project["hidden_paths"] == ["holdout"]
+    assert "holdout" not in (PROJECT / "train.py").read_text()
 
 
 def test_the_loss_goes_down():
@@ -92,7 +110,7 @@ def test_the_same_seed_gives_the_same_losses():
 def test_a_wider_layer_takes_longer_per_step(experiment):
     def step_ms(width: int) -> float:
         stdout = train("--width", str(width), "--steps", "100", "--log-every", "25")
-        return statistics.median(matches(experiment["metric_pattern"], stdout))
+        return statistics.median(matches(r"time (?P<value>[0-9.]+)ms", stdout))
 
     narrow: list[float] = []
     wide: list[float] = []
