@@ -37,6 +37,7 @@ from app.projects import config as project_config
 from app.projects.config import Experiment
 from app.redaction import redact_text
 from app.settings import Settings
+from workers import blocks
 from workers.arms import (
     ArmPlace,
     Arms,
@@ -183,13 +184,21 @@ def _run_logged(
     log_path: Path,
     beat: Heartbeat,
     header: list[str],
-) -> tuple[list[dict[str, Any]], str | None]:
-    """Run `plan` under the job's heartbeat, one line a run in the job log after `header`:
-    the runs' records, and why the job failed (None if it did not). Whatever goes wrong is an
-    outcome to store, never an exception: raising would leave the lease to lapse and the job
-    to be retried blind, its cause lost."""
+    spec: dict[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str | None]:
+    """Run `plan` under the job's heartbeat, one line a run in the job log after `header`,
+    stopped early where the spec's stopping rule decides (`blocks.run_until_decided`): the
+    runs' records, where and why they stopped (None: all of the plan ran), and why the job
+    failed (None if it did not). Whatever goes wrong is an outcome to store, never an
+    exception: raising would leave the lease to lapse and the job to be retried blind, its
+    cause lost."""
     records: list[dict[str, Any]] = []
+    stopped: dict[str, Any] | None = None
     error: str | None = None
+    try:
+        rule = blocks.rule_of(spec)
+    except ValueError as exc:
+        return records, None, f"the job's stopping rule is unusable: {exc}"
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log_file:
@@ -198,16 +207,23 @@ def _run_logged(
             log_file.flush()
             beat.start()
             try:
-                records = arms.run(plan)
+                records, stop = blocks.run_until_decided(arms, plan, rule, int(spec.get("seed", 0)))
             finally:
                 beat.stop()
+            if stop is not None and rule is not None:
+                stopped = {
+                    "blocks": stop.blocks,
+                    "max_blocks": rule.max_blocks,
+                    "decision": stop.decision,
+                    "why": blocks.describe(stop, rule),
+                }
     except RunFailed as exc:
         error = str(exc)
     except jobs.LeaseLost as exc:
         error = f"the lease was lost: {exc}"
     except OSError as exc:
         error = f"cannot write the job's files in {log_path.parent}: {exc.strerror or exc}"
-    return records, error
+    return records, stopped, error
 
 
 def run_command_job(
@@ -269,9 +285,11 @@ def run_command_job(
         header.append(
             f"[command] evaluator at {arms.evaluator.commit}: {shlex.join(arms.evaluator.argv)}"
         )
+    if "sequential" in spec:
+        header.append(f"[command] blocks stop when decided: {spec['sequential']}")
     if settings.sandbox != "on":
         header.insert(0, confine.UNCONFINED_LOG_LINE)
-    records, error = _run_logged(arms, plan, log_path, beat, header)
+    records, stopped, error = _run_logged(arms, plan, log_path, beat, header, spec)
     # every run's time, a failed one's too: the budgets count GPU time, not verdicts
     outcome = jobs.JobOutcome(ended=End.FAILED, log_path=str(log_path), gpu_seconds=arms.spent_s)
     if beat.cancelled:
@@ -285,6 +303,8 @@ def run_command_job(
             spec_device=str(spec.get("device", "cpu")),
             host=me.host,
         )
+        if stopped is not None:
+            result["stopped"] = stopped
         saved = paths.job_dir(settings, ticket.job_id) / "result.json"
         outcome.ended, outcome.exit_code, outcome.result = End.COMPLETED, 0, result
         try:  # the DB holds the result; the file is the host's copy
@@ -330,7 +350,7 @@ def head_vs_base(
         f"[head-vs-base] the entry at base {arms.places['baseline'].commit} and at head "
         f"{arms.places['candidate'].commit}: {len(plan)} runs"
     ]
-    records, error = _run_logged(arms, plan, log_path, beat, header)
+    records, stopped, error = _run_logged(arms, plan, log_path, beat, header, spec)
     outcome.gpu_seconds += arms.spent_s
     if beat.cancelled:
         outcome.ended, outcome.error = End.CANCELLED, "cancelled while running; its runs stopped"
@@ -348,6 +368,8 @@ def head_vs_base(
         time_metric=True,
         metric_source="harness",
     )
+    if stopped is not None:
+        section["stopped"] = stopped
     section["in_process_baseline"] = {
         arm: by_role(records, arm, "check") for arm in ("baseline", "candidate")
     }

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from autopilot_harness import sequential
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
@@ -120,6 +121,7 @@ def submit(
         # The cycle changed code: the entry runs at base and at head too (docs/design.md,
         # "Experiment kinds"), and the verdict is head against base.
         spec["head_vs_base"] = True
+        spec.update(stopping_spec(declared))
     now = utcnow()
     job = Job(
         cycle_id=cycle_id,
@@ -163,7 +165,22 @@ def command_spec(declared: Experiment) -> dict[str, Any]:
         # (docs/design.md, "Where a number comes from").
         "metric_source": declared.metric_source,
         "check": check,
+        **stopping_spec(declared),
     }
+
+
+def stopping_spec(declared: Experiment) -> dict[str, Any]:
+    """The stopping rule of a job's blocks, written by the control plane so that the runner
+    stops by it and the judge checks the stop by it (docs/design.md, "Sequential verdicts");
+    nothing for a fixed design."""
+    if declared.stopping != "sequential":
+        return {}
+    rule = sequential.Rule(
+        max_blocks=declared.repeats,
+        min_blocks=declared.min_blocks,
+        margin=declared.equivalence_margin,
+    )
+    return {"sequential": rule.as_dict()}
 
 
 def get(session: Session, job_id: int) -> Job:

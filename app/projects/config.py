@@ -84,6 +84,13 @@ class Experiment(BaseModel):
     aggregate: command_kind.Aggregate = "last"
     repeats: int = Field(default=5, ge=2, le=200, description="blocks: runs per arm")
     warmup_runs: int = Field(default=0, ge=0, le=20)
+    # When the blocks stop (docs/design.md, "Sequential verdicts"): `fixed` runs every one of
+    # `repeats`; `sequential` stops when the stopping rule decides, `repeats` its maximum.
+    stopping: Literal["fixed", "sequential"] = "fixed"
+    min_blocks: int = Field(default=3, ge=3, le=200, description="the stopping rule's first look")
+    equivalence_margin: float = Field(
+        default=0.02, gt=0, lt=1, description="a change smaller than this is equivalent"
+    )
     check_pattern: str | None = None
     check_direction: Literal["lower", "higher"] = "lower"
     check_tolerance: float = Field(default=0.02, ge=0, le=10)
@@ -173,6 +180,16 @@ class Experiment(BaseModel):
             command_kind.check_declaration(self)
         except command_kind.CommandError as exc:
             raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _stopping(self) -> Experiment:
+        if self.stopping == "sequential" and self.min_blocks > self.repeats:
+            raise ValueError(
+                f"min_blocks = {self.min_blocks} is above repeats = {self.repeats}: with "
+                "stopping = 'sequential', repeats is the most blocks a job runs and min_blocks "
+                "the first it looks after (3 <= min_blocks <= repeats)"
+            )
         return self
 
     @property

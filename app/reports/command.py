@@ -310,12 +310,18 @@ def results_lines(result: Mapping[str, Any]) -> list[str]:
     """The ratio and its CI, the noise floor, the check gate, each arm and each run."""
     metric, _ = _metrics(result)
     interval = _interval(result)
+    stopped = _mapping(result.get("stopped"))
+    kind = "95% bootstrap CI"
+    if stopped:
+        kind = "the stopping rule's repeated 95% interval, valid however often it looked"
     lines = [
-        f"Ratio candidate/baseline of {code_span(metric)}: **{interval}** (95% bootstrap CI)."
+        f"Ratio candidate/baseline of {code_span(metric)}: **{interval}** ({kind})."
         if interval
         else "No ratio: the runs gave no paired blocks to compare.",
         "",
     ]
+    if stopped:
+        lines += [stop_line(result), ""]
     noise = _mapping(result.get("noise_floor"))
     floor = number(noise.get("floor"))
     if floor is not None:
@@ -329,6 +335,32 @@ def results_lines(result: Mapping[str, Any]) -> list[str]:
     lines += [check_gate(result), "", "### Arms", "", *arms_table(result)]
     lines += ["![runs per arm and per-block ratios](plot.svg)", ""]
     return [*lines, "### Runs", "", *_runs_table(result)]
+
+
+#: What each of the stopping rule's decisions means, in a report's words.
+STOP_WORDS = {
+    "effect": "decided: the difference crossed the rule's boundary and clears the noise floor",
+    "equivalent": "decided: equivalent, the interval lies within the rule's margin",
+    "max": "undecided at the maximum",
+}
+
+
+def stop_line(result: Mapping[str, Any]) -> str:
+    """Where the blocks stopped, why, and the GPU time that saved against the maximum (its
+    blocks not run, at the median run's time)."""
+    stopped = _mapping(result.get("stopped"))
+    rule = _mapping(stopped.get("rule"))
+    blocks, most = number(stopped.get("blocks")), number(rule.get("max_blocks"))
+    saved = number(stopped.get("blocks_saved")) or 0
+    durations = [d for d in (number(r.get("duration_s")) for r in _runs(result)) if d]
+    text = (
+        f"Blocks: {int(blocks or 0)} of at most {int(most or 0)}, "
+        f"{STOP_WORDS.get(str(stopped.get('decision')), str(stopped.get('decision')))}"
+    )
+    if saved and durations:
+        seconds = 3 * saved * median(durations)
+        text += f"; {int(saved)} blocks not run saved about {seconds:.3g} GPU s"
+    return text + "."
 
 
 def reproduce_lines(result: Mapping[str, Any]) -> list[str]:

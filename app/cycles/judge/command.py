@@ -34,6 +34,7 @@ from autopilot_harness import stats
 
 from app.cycles.exceptions import Unjudgeable
 from app.cycles.judge.figures import FIGURES, JUDGE, MAX_PAIRS
+from app.cycles.judge.sequential import judge_stop, rule_from_spec
 
 ROLES = ("baseline", "candidate", "baseline_aa")
 #: Where a judged number may come from: a command's three, and a harness entry at two commits.
@@ -70,9 +71,16 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
     integrity = _integrity(result, spec)
     check = _check(spec.get("check"), result.get("checks"))
     passed = check is None or bool(check["pass"])
-    decided = stats.decide(estimate, floor, accuracy_pass=passed)
+    rule = rule_from_spec(spec)
+    if rule is None:
+        decided = stats.decide(estimate, floor, accuracy_pass=passed)
+        judged.update(estimate.as_dict())
+    else:  # the blocks stopped when decided: the rule's own look, its stop checked
+        stop = judge_stop(rule, values, result.get("stopped"), seed)
+        decided = stop["verdict"] if passed else "rejected_accuracy"
+        judged.update({k: stop[k] for k in ("ratio", "ci_low", "ci_high")}, n=stop["blocks"])
+        judged["stopped"] = stop
     verdict = _word(decided, direction, bool(spec.get("time_metric")))
-    judged.update(estimate.as_dict())
     judged["verdict"] = verdict
     judged["noise_floor"] = {**noise.as_dict(), "floor": floor}
     if check is not None:
@@ -91,6 +99,10 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
         "accuracy_pass": passed,
         **trusted,
     }
+    if rule is not None:
+        judged["headline"]["stopped"] = {
+            k: judged["stopped"][k] for k in ("blocks", "decision", "blocks_saved")
+        } | {"max_blocks": rule.max_blocks}
     judged["judgement"] = {
         "by": JUDGE,
         "seed": seed,
@@ -264,6 +276,8 @@ def judge_head_vs_base(judged: dict[str, Any], spec: Mapping[str, Any]) -> None:
         "metric": "time_ns",
         "metric_source": "harness",
     }
+    if "sequential" in spec:  # the arms' blocks stopped by the same rule
+        rules["sequential"] = spec["sequential"]
     arms = judge_command({**section, "status": "ok"}, rules)
     in_process = dict(judged.get("headline") or {})
     passed = bool(in_process.get("accuracy_pass", True))

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -80,6 +80,24 @@ class Rule:
             raise RuleError(f"alpha must lie in (0, 0.5), got {self.alpha}")
         if not 0.0 < self.margin < 1.0:
             raise RuleError(f"margin (a relative change) must lie in (0, 1), got {self.margin}")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Rule:
+        """The rule as `as_dict` wrote it (a job's spec holds it so)."""
+        try:
+            return cls(
+                max_blocks=int(raw["max_blocks"]),
+                min_blocks=int(raw["min_blocks"]),
+                alpha=float(raw["alpha"]),
+                margin=float(raw["margin"]),
+            )
+        except RuleError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RuleError(
+                f"a stopping rule is a table of max_blocks, min_blocks, alpha and margin; "
+                f"{dict(raw)!r} is not one ({type(exc).__name__}: {exc})"
+            ) from None
 
     def boundary(self, blocks: int) -> float:
         """The critical |t| after `blocks` blocks."""

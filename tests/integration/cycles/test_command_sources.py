@@ -55,6 +55,17 @@ metric_file = "metric.json"
 metric_key = "step_ms"
 repeats = 3
 time_limit_s = 30
+
+# The runner's clock with blocks that stop when decided (docs/design.md, "Sequential verdicts").
+[experiments.stopped]
+kind = "command"
+command = ["python", "train.py", "--log-every=50"]
+metric = "run_s"
+metric_source = "wall"
+direction = "lower"
+repeats = 8
+stopping = "sequential"
+time_limit_s = 30
 """
 TIMED = '''"""train.py, its median step time written to metric.json."""
 import contextlib, io, json, re, statistics
@@ -142,6 +153,7 @@ JOBS = {  # job name: (candidate, experiment)
     "peek": ("peek", "train"),
     "forged": ("forged", "train"),
     "slower": ("slower", "train"),
+    "stopped": ("slower", "stopped"),
 }
 
 
@@ -284,3 +296,21 @@ def test_a_candidate_cannot_manufacture_a_trusted_win(
     slower = judged["slower"]
     assert slower["verdict"] == "slower" and slower["trusted"] is True, slower["headline"]
     assert slower["check"]["pass"] is True
+
+    # The same honest change with blocks that stop when decided: the runner stopped before its
+    # maximum, said why, and the judge took the stop (it refuses one its rule does not make).
+    stopped = judged["stopped"]
+    assert stopped["verdict"] == "slower" and stopped["trusted"] is True, stopped["headline"]
+    blocks = stopped["stopped"]["blocks"]
+    assert 3 <= blocks < 8 and stopped["stopped"]["decision"] == "effect", stopped["stopped"]
+    assert stopped["headline"]["stopped"] == {
+        "blocks": blocks,
+        "decision": "effect",
+        "blocks_saved": 8 - blocks,
+        "max_blocks": 8,
+    }
+    assert len(done["stopped"].result["runs"]) == 3 * blocks  # type: ignore[index]
+    assert done["stopped"].result["stopped"]["why"].startswith(f"after {blocks} of at most 8")  # type: ignore[index]
+    report = render_markdown(stopped, context)
+    assert f"Blocks: {blocks} of at most 8, decided: the difference crossed" in report
+    assert f"{8 - blocks} blocks not run saved about" in report

@@ -1,0 +1,81 @@
+"""The control plane's check of where a job's runs stopped (docs/design.md, "Sequential
+verdicts").
+
+A job whose spec carries a stopping rule ran its blocks until the rule stopped them; the runner
+says where and why in the result's `stopped`. The judge asks the same rule
+(`autopilot_harness.sequential`, with the spec's seed and rule, never the result's copy) the
+same question of the recorded values, and:
+
+- where the rule stops at the block the values end with, the verdict is the rule's: an effect
+  is `faster` or `slower` by its sign, an equivalence or the maximum is `inconclusive`;
+- anything else is refused (`Unjudgeable`): values that end before the rule stops (a forged
+  early end), values that go on past where it stopped, or a stop claimed for another reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autopilot_harness import sequential
+
+from app.cycles.exceptions import Unjudgeable
+
+
+def rule_from_spec(spec: Mapping[str, Any]) -> sequential.Rule | None:
+    """The rule the control plane wrote at submission, or None for a fixed design."""
+    raw = spec.get("sequential")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise Unjudgeable(f"the job's spec has sequential {raw!r}; expected a table of the rule")
+    try:
+        return sequential.Rule.from_dict(raw)
+    except sequential.RuleError as exc:
+        raise Unjudgeable(f"the job's spec has an unusable stopping rule: {exc}") from None
+
+
+def judge_stop(
+    rule: sequential.Rule,
+    values: Mapping[str, Sequence[float]],
+    claimed: Any,
+    seed: int,
+) -> dict[str, Any]:
+    """The rule's own look at the recorded values (by role), checked against the runner's
+    claimed stop; what the judged result shows of it."""
+    n = len(values["baseline"])
+    if n < rule.min_blocks:
+        raise Unjudgeable(
+            f"the runs stopped after {n} blocks, before the rule's first look at "
+            f"{rule.min_blocks}: the rule does not support that stop"
+        )
+    try:
+        at = sequential.first_stop(
+            rule, values["baseline"], values["candidate"], values["baseline_aa"], seed=seed
+        )
+    except sequential.RuleError as exc:
+        raise Unjudgeable(f"the stopping rule cannot read the samples: {exc}") from None
+    if at is None:
+        raise Unjudgeable(
+            f"the runs stopped after {n} of at most {rule.max_blocks} blocks, but the rule "
+            "goes on there: the rule does not support that stop"
+        )
+    if at.blocks != n:
+        raise Unjudgeable(
+            f"the rule stops after {at.blocks} blocks ({at.decision}), but {n} blocks were "
+            "recorded: the runs do not end where the rule stopped them"
+        )
+    if isinstance(claimed, Mapping) and claimed.get("decision") not in (None, at.decision):
+        raise Unjudgeable(
+            f"the runner says it stopped for {claimed.get('decision')!r}, the rule for "
+            f"{at.decision!r}"
+        )
+    verdict = "inconclusive"
+    if at.decision == "effect":
+        verdict = "faster" if at.ratio < 1.0 else "slower"
+    return {
+        **at.as_dict(),
+        "verdict": verdict,
+        "rule": rule.as_dict(),
+        "blocks_saved": rule.max_blocks - at.blocks,
+    }

@@ -1,0 +1,92 @@
+"""A job's runs, block after block, stopped when the comparison is decided (docs/design.md,
+"Sequential verdicts").
+
+The runner is ours, not the candidate's: after each whole block (one baseline, one candidate
+and one A/A baseline run) from the rule's first look on, it asks the stopping rule
+(`autopilot_harness.sequential`) about the values so far, and stops the job's runs when the rule
+stops: an effect, an equivalence within the margin, or the maximum. The control plane asks the
+same rule the same question of the recorded samples and refuses a stop it does not reproduce, so
+a forged early end buys nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autopilot_harness import sequential
+
+from app.projects import command as command_kind
+from workers.arms import Arms, by_role
+
+#: The roles of one block; a block is whole when it has a record of each.
+BLOCK_ROLES = ("baseline", "candidate", "baseline_aa")
+
+
+def rule_of(spec: Mapping[str, Any]) -> sequential.Rule | None:
+    """The stopping rule the control plane wrote in a job's spec (None: a fixed design)."""
+    raw = spec.get("sequential")
+    if not raw:
+        return None
+    return sequential.Rule.from_dict(raw)
+
+
+def whole_blocks(records: Sequence[Mapping[str, Any]]) -> int:
+    """How many blocks have a run of every role."""
+    seen: dict[int, set[str]] = {}
+    for record in records:
+        if record.get("block") is not None:
+            seen.setdefault(int(record["block"]), set()).add(str(record["role"]))
+    return sum(1 for roles in seen.values() if roles >= set(BLOCK_ROLES))
+
+
+def run_until_decided(
+    arms: Arms,
+    plan: Sequence[command_kind.Run],
+    rule: sequential.Rule | None,
+    seed: int,
+) -> tuple[list[dict[str, Any]], sequential.Look | None]:
+    """Every run's record, in order, and the look that stopped them (None: the plan ran out,
+    or no rule). Without a rule this is `arms.run(plan)`. RunFailed from a run goes up."""
+    if rule is None:
+        return arms.run(plan), None
+    records: list[dict[str, Any]] = []
+    counted = 0
+    for run in plan:
+        if arms.cancelled():
+            break
+        record = arms.run_one(run, len(plan))
+        if arms.cancelled():
+            break
+        records.append(record)
+        blocks = whole_blocks(records)
+        if blocks == counted or blocks < rule.min_blocks:
+            counted = blocks
+            continue
+        counted = blocks
+        at = sequential.look(
+            rule,
+            by_role(records, "baseline"),
+            by_role(records, "candidate"),
+            by_role(records, "baseline_aa"),
+            seed=seed,
+        )
+        if at.stopped:
+            if arms.log is not None:
+                arms.log.write(f"[stop] {describe(at, rule)}\n")
+                arms.log.flush()
+            return records, at
+    return records, None
+
+
+def describe(at: sequential.Look, rule: sequential.Rule) -> str:
+    """Why a comparison stopped where it did, for the job log and the report."""
+    why = {
+        "effect": f"|t| {abs(at.t):.2f} reached the boundary {at.boundary:.2f} and the ratio "
+        f"{at.ratio:.4f} clears the A/A noise floor {at.floor:.4f}",
+        "equivalent": f"the interval [{at.ci_low:.4f}, {at.ci_high:.4f}] lies within "
+        f"±{rule.margin:.1%}",
+        "max": f"the maximum of {rule.max_blocks} blocks was reached undecided",
+        "continue": "it had not stopped",
+    }[at.decision]
+    return f"after {at.blocks} of at most {rule.max_blocks} blocks: {at.decision}: {why}"
