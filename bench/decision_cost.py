@@ -104,14 +104,14 @@ def run_job(
     records, stop = blocks.run_until_decided(arms, plan, blocks.rule_of(spec), seed)
     result = arms.result(records, name="loop", spec_device="cpu", host="bench")
     if stop is not None:
-        result["stopped"] = {"blocks": stop.blocks, "decision": stop.decision}
+        result["stopped"] = {"blocks": stop[1].blocks, "decision": stop[0]}
     judged = judge_command(result, spec)
     return {
         "verdict": judged["verdict"],
         "ratio": judged["ratio"],
         "blocks": blocks.whole_blocks(records),
         "gpu_s": arms.spent_s,
-        "stop": stop.decision if stop is not None else None,
+        "stop": stop[0] if stop is not None else None,
     }
 
 
@@ -172,8 +172,7 @@ def main() -> int:
         design: {
             "gpu_s_per_decision": {e: round(gpu(design, e), 3) for e in EFFECTS},
             "blocks_mean": {
-                e: round(statistics.fmean(t["blocks"] for t in seen[design][e]), 2)
-                for e in EFFECTS
+                e: round(statistics.fmean(t["blocks"] for t in seen[design][e]), 2) for e in EFFECTS
             },
             "detection_rate_5": rate(design, "5%", lambda v: v == "slower"),
             "detection_rate_30": rate(design, "30%", lambda v: v == "slower"),

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.cycles.exceptions import Unjudgeable
 from app.db import Stores
 from app.errors import InvalidInput
 from app.jobs import paths
@@ -207,18 +208,23 @@ def _run_logged(
             log_file.flush()
             beat.start()
             try:
-                records, stop = blocks.run_until_decided(arms, plan, rule, int(spec.get("seed", 0)))
+                records, stop = blocks.run_until_decided(
+                    arms, plan, rule, int(spec.get("seed", 0)), gate=spec.get("check")
+                )
             finally:
                 beat.stop()
             if stop is not None and rule is not None:
+                decision, at = stop
                 stopped = {
-                    "blocks": stop.blocks,
+                    "blocks": at.blocks,
                     "max_blocks": rule.max_blocks,
-                    "decision": stop.decision,
-                    "why": blocks.describe(stop, rule),
+                    "decision": decision,
+                    "why": blocks.describe(decision, at, rule),
                 }
     except RunFailed as exc:
         error = str(exc)
+    except Unjudgeable as exc:  # the spec's gate is unusable: the judge would refuse it too
+        error = f"the job's quality gate is unusable: {exc}"
     except jobs.LeaseLost as exc:
         error = f"the lease was lost: {exc}"
     except OSError as exc:

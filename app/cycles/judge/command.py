@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +33,7 @@ from autopilot_harness import stats
 
 from app.cycles.exceptions import Unjudgeable
 from app.cycles.judge.figures import FIGURES, JUDGE, MAX_PAIRS
+from app.cycles.judge.gate import check_gate
 from app.cycles.judge.sequential import judge_stop, rule_from_spec
 
 ROLES = ("baseline", "candidate", "baseline_aa")
@@ -69,14 +69,21 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
     floor = stats.noise_floor(noise)
     estimate = stats.estimate_ratio(values["baseline"], values["candidate"], seed=seed + 1)
     integrity = _integrity(result, spec)
-    check = _check(spec.get("check"), result.get("checks"))
+    check = check_gate(spec.get("check"), result.get("checks"))
     passed = check is None or bool(check["pass"])
     rule = rule_from_spec(spec)
     if rule is None:
         decided = stats.decide(estimate, floor, accuracy_pass=passed)
         judged.update(estimate.as_dict())
     else:  # the blocks stopped when decided: the rule's own look, its stop checked
-        stop = judge_stop(rule, values, result.get("stopped"), seed)
+        stop = judge_stop(
+            rule,
+            values,
+            result.get("stopped"),
+            seed,
+            checks=result.get("checks") if check is not None else None,
+            gate=spec.get("check"),
+        )
         decided = stop["verdict"] if passed else "rejected_accuracy"
         judged.update({k: stop[k] for k in ("ratio", "ci_low", "ci_high")}, n=stop["blocks"])
         judged["stopped"] = stop
@@ -208,51 +215,6 @@ def _values(raw: Any, where: str) -> list[float]:
             )
         out.append(float(value))
     return out
-
-
-def _check(wanted: Any, raw: Any) -> dict[str, Any] | None:
-    """The check gate the spec asks for, on the runs' check values; None without one."""
-    if wanted is None:
-        return None
-    if not isinstance(wanted, Mapping) or wanted.get("direction") not in ("lower", "higher"):
-        raise Unjudgeable(f"the job's spec has check {wanted!r}; expected direction and tolerance")
-    tolerance = wanted.get("tolerance")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance < 0:
-        raise Unjudgeable(f"the job's spec has check tolerance {tolerance!r}; expected >= 0")
-    if not isinstance(raw, Mapping):
-        raise Unjudgeable("checks is missing: the spec gates on a check value each run reports")
-    base = _finite(raw.get("baseline"), "checks.baseline")
-    cand = _finite(raw.get("candidate"), "checks.candidate")
-    base_median, cand_median = statistics.median(base), statistics.median(cand)
-    slack = float(tolerance) * abs(base_median)
-    lower = wanted["direction"] == "lower"
-    passed = cand_median <= base_median + slack if lower else cand_median >= base_median - slack
-    reason = None
-    if not passed:
-        reason = (
-            f"the candidate's median check value {cand_median:.6g} is worse than the "
-            f"baseline's {base_median:.6g} beyond the {float(tolerance):.3g} relative tolerance "
-            f"({'lower' if lower else 'higher'} is better)"
-        )
-    return {
-        "metric": raw.get("metric", "check"),
-        "direction": wanted["direction"],
-        "tolerance": float(tolerance),
-        "baseline": base_median,
-        "candidate": cand_median,
-        "pass": passed,
-        "reason": reason,
-    }
-
-
-def _finite(raw: Any, where: str) -> list[float]:
-    if not isinstance(raw, list) or not raw:
-        raise Unjudgeable(f"{where} must be a non-empty list of the runs' check values")
-    for i, value in enumerate(raw):
-        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
-        if number is None or not math.isfinite(number):
-            raise Unjudgeable(f"{where}[{i}] is not a finite number: {str(value)[:40]!r}")
-    return [float(v) for v in raw]
 
 
 def judge_head_vs_base(judged: dict[str, Any], spec: Mapping[str, Any]) -> None:

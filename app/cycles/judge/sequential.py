@@ -7,7 +7,9 @@ says where and why in the result's `stopped`. The judge asks the same rule
 same question of the recorded values, and:
 
 - where the rule stops at the block the values end with, the verdict is the rule's: an effect
-  is `faster` or `slower` by its sign, an equivalence or the maximum is `inconclusive`;
+  is `faster` or `slower` by its sign, an equivalence or the maximum is `inconclusive`; a
+  quality gate that fails at a look stops the blocks there (`gate`), and the verdict is
+  `rejected_accuracy`;
 - anything else is refused (`Unjudgeable`): values that end before the rule stops (a forged
   early end), values that go on past where it stopped, or a stop claimed for another reason.
 """
@@ -20,6 +22,10 @@ from typing import Any
 from autopilot_harness import sequential
 
 from app.cycles.exceptions import Unjudgeable
+from app.cycles.judge.gate import check_gate
+
+#: Why blocks stop: the rule's decisions, and a quality gate that failed at a look.
+DECISIONS = ("effect", "equivalent", "max", "gate")
 
 
 def rule_from_spec(spec: Mapping[str, Any]) -> sequential.Rule | None:
@@ -35,46 +41,75 @@ def rule_from_spec(spec: Mapping[str, Any]) -> sequential.Rule | None:
         raise Unjudgeable(f"the job's spec has an unusable stopping rule: {exc}") from None
 
 
+def decide(
+    rule: sequential.Rule,
+    values: Mapping[str, Sequence[float]],
+    checks: Mapping[str, Sequence[float]] | None,
+    gate: Any,
+    seed: int,
+) -> tuple[str, sequential.Look]:
+    """The decision after all the blocks given: `gate` when the spec's quality gate (`gate`,
+    the spec's `check`) fails on their check values, else the rule's look ("continue" goes on).
+    The runner asks it after each block; the judge, of every look the values allow."""
+    at = sequential.look(
+        rule, values["baseline"], values["candidate"], values["baseline_aa"], seed=seed
+    )
+    if gate is not None and not check_gate(gate, checks)["pass"]:  # type: ignore[index]
+        return "gate", at
+    return at.decision, at
+
+
 def judge_stop(
     rule: sequential.Rule,
     values: Mapping[str, Sequence[float]],
     claimed: Any,
     seed: int,
+    *,
+    checks: Mapping[str, Sequence[float]] | None = None,
+    gate: Any = None,
 ) -> dict[str, Any]:
-    """The rule's own look at the recorded values (by role), checked against the runner's
-    claimed stop; what the judged result shows of it."""
+    """The rule's own looks at the recorded values (by role; the check values by arm with a
+    gate), checked against the runner's claimed stop; what the judged result shows of it."""
     n = len(values["baseline"])
     if n < rule.min_blocks:
         raise Unjudgeable(
             f"the runs stopped after {n} blocks, before the rule's first look at "
             f"{rule.min_blocks}: the rule does not support that stop"
         )
+    found: tuple[str, sequential.Look] | None = None
     try:
-        at = sequential.first_stop(
-            rule, values["baseline"], values["candidate"], values["baseline_aa"], seed=seed
-        )
+        for k in range(rule.min_blocks, min(n, rule.max_blocks) + 1):
+            seen = {role: list(v)[:k] for role, v in values.items()}
+            gated = {arm: list(v)[:k] for arm, v in checks.items()} if checks else None
+            decision, at = decide(rule, seen, gated, gate, seed)
+            if decision != "continue":
+                found = decision, at
+                break
     except sequential.RuleError as exc:
         raise Unjudgeable(f"the stopping rule cannot read the samples: {exc}") from None
-    if at is None:
+    if found is None:
         raise Unjudgeable(
             f"the runs stopped after {n} of at most {rule.max_blocks} blocks, but the rule "
             "goes on there: the rule does not support that stop"
         )
+    decision, at = found
     if at.blocks != n:
         raise Unjudgeable(
-            f"the rule stops after {at.blocks} blocks ({at.decision}), but {n} blocks were "
+            f"the rule stops after {at.blocks} blocks ({decision}), but {n} blocks were "
             "recorded: the runs do not end where the rule stopped them"
         )
-    if isinstance(claimed, Mapping) and claimed.get("decision") not in (None, at.decision):
+    if isinstance(claimed, Mapping) and claimed.get("decision") not in (None, decision):
         raise Unjudgeable(
-            f"the runner says it stopped for {claimed.get('decision')!r}, the rule for "
-            f"{at.decision!r}"
+            f"the runner says it stopped for {claimed.get('decision')!r}, the rule for {decision!r}"
         )
     verdict = "inconclusive"
-    if at.decision == "effect":
+    if decision == "gate":
+        verdict = "rejected_accuracy"
+    elif decision == "effect":
         verdict = "faster" if at.ratio < 1.0 else "slower"
     return {
         **at.as_dict(),
+        "decision": decision,
         "verdict": verdict,
         "rule": rule.as_dict(),
         "blocks_saved": rule.max_blocks - at.blocks,

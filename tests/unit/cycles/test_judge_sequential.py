@@ -103,3 +103,34 @@ def test_an_unusable_rule_in_the_spec_is_named() -> None:
     result = {"status": "ok", "samples": values(1.0, 5, 0.01, seed=3)}
     with pytest.raises(Unjudgeable, match="unusable stopping rule"):
         judge_command(result, spec(sequential={"max_blocks": 2}))
+
+
+GATE = {"direction": "lower", "tolerance": 0.05, "source": "evaluator"}
+
+
+def test_a_gate_that_fails_at_the_first_look_stops_the_blocks_as_rejected() -> None:
+    """A faster candidate whose quality is 50% worse: rejected at the first look, not run on."""
+    full = values(0.8, 12, 0.01, seed=4)
+    n = 3
+    result = {
+        "status": "ok",
+        "samples": cut(full, n),
+        "checks": {"baseline": [0.10] * n, "candidate": [0.15] * n},
+        "stopped": {"blocks": n, "decision": "gate"},
+    }
+    judged = judge_command(result, spec(check=GATE))
+    assert judged["verdict"] == "rejected_accuracy"
+    assert judged["stopped"]["decision"] == "gate" and judged["stopped"]["blocks_saved"] == 9
+
+
+def test_a_gate_stop_claimed_where_the_gate_passes_is_refused() -> None:
+    full = values(1.0, 12, 0.05, seed=6)
+    n = 3
+    result = {
+        "status": "ok",
+        "samples": cut(full, n),
+        "checks": {"baseline": [0.10] * n, "candidate": [0.101] * n},
+        "stopped": {"blocks": n, "decision": "gate"},
+    }
+    with pytest.raises(Unjudgeable, match="does not support that stop|says it stopped"):
+        judge_command(result, spec(check=GATE))
