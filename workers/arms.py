@@ -2,10 +2,13 @@
 commit's clean export, the experiment's defaults) and the candidate (the head commit's, the
 proposal's parameters), run one process at a time in the order of `command_kind.schedule`.
 
-Each run is a fresh process in its arm's tree and venv, in the job's sandbox and cgroup, with
-the run's time limit. This process (the runner, outside the child) keeps each run's log under
-the job's `runs/`, reads one value from the run, and raises `RunFailed`, naming the run and
-showing its last lines, when a run exits non-zero, runs out of time or yields no value:
+Each run is a fresh process in a fresh copy of its arm's tree (the export, with what `setup`
+wrote; no run is given the export itself, so nothing a run writes reaches a later one) and in
+its arm's venv, in the job's sandbox and cgroup, with the run's time limit; the copy is removed
+once the run's value and artifacts are read. This process (the runner, outside the child)
+keeps each run's log under the job's `runs/`, reads one value from the run, and raises
+`RunFailed`, naming the run and showing its last lines, when a run exits non-zero, runs out of
+time, meets a limit of its cgroup or yields no value:
 
 - a command experiment's run is its argv; its value is read by `metric_pattern` (or
   `metric_file`) from its output, or is its wall time on this runner's clock
@@ -41,7 +44,7 @@ from app.jobs import paths
 from app.projects import command as command_kind
 from app.projects.config import Experiment
 from app.settings import Settings
-from workers.evaluator import Evaluator, evaluate, unlink_inside
+from workers.evaluator import Evaluator, evaluate, fresh_tree, remove_tree, unlink_inside
 from workers.launcher import confine, runner, runtime
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.venv import interpreter_path
@@ -171,6 +174,8 @@ def write_log(path: Path, argv: Sequence[str], outcome: runner.Outcome) -> None:
         handle.write(f"$ {shlex.join(argv)}\n{outcome.stdout}")
         if outcome.stderr:
             handle.write(f"\n[stderr]\n{outcome.stderr}")
+        for line in outcome.notes():  # a limit it met, limits this host could not set
+            handle.write(f"\n{line}")
 
 
 def tail(outcome: runner.Outcome) -> str:
@@ -184,6 +189,8 @@ def failure(outcome: runner.Outcome, limit_s: float) -> str | None:
         return f"ran past its time limit of {limit_s:g} s and was killed"
     if outcome.returncode != 0:
         return f"exited with {outcome.signal or outcome.returncode}"
+    if outcome.limit:  # whatever it printed, it did not run as written
+        return f"hit a limit of its cgroup ({outcome.limit})"
     return None
 
 
@@ -244,16 +251,34 @@ class Arms:
     def run_one(self, run: command_kind.Run, total: int) -> dict[str, Any]:
         experiment, place, argv = self.experiment, self.places[run.arm], self.argvs[run.arm]
         label = f"run {run.index + 1}/{total} ({run.role}, {shlex.join(argv)})"
-        metric_file = place.tree / experiment.metric_file if experiment.metric_file else None
-        if experiment.metric_source != "output":
-            metric_file = None  # config refuses one; never read the run's word for it
         evaluated_keys = (experiment.metric_source, experiment.check_source)
         if not self.harness and self.evaluator is None and "evaluator" in evaluated_keys:
             raise RunFailed(
                 f"{label}: the experiment reads the hold-out evaluator, but the base commit's "
                 "autopilot.toml declares none for it (the evaluator is always the base's)"
             )
-        # Only this run's files may be read after it (metric_file: a plain name, see config).
+        # Each run in a fresh copy of its arm's export, never in the export itself: nothing
+        # a run writes there (a cache, a planted start-up file) reaches a later run.
+        run_dir = paths.runs_dir(self.settings, self.job_id) / f"{run.index:03d}-{run.arm}"
+        try:
+            fresh_tree(place.tree, run_dir / "tree")
+        except OSError as exc:
+            raise RunFailed(f"{label}: no fresh tree for it: {exc}") from None
+        try:
+            return self._run_in(run, total, label, replace(place, tree=run_dir / "tree"), argv)
+        finally:
+            remove_tree(run_dir)
+
+    def _run_in(
+        self, run: command_kind.Run, total: int, label: str, place: ArmPlace, argv: list[str]
+    ) -> dict[str, Any]:
+        """One run in `place` (its fresh tree): its record."""
+        experiment = self.experiment
+        metric_file = place.tree / experiment.metric_file if experiment.metric_file else None
+        if experiment.metric_source != "output":
+            metric_file = None  # config refuses one; never read the run's word for it
+        # Only this run's files may be read after it (metric_file: a plain name, see config):
+        # not one that `setup` left in the export.
         leftovers = [experiment.metric_file] if metric_file is not None else []
         if self.evaluator is not None:
             leftovers += self.evaluator.artifacts

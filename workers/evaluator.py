@@ -4,8 +4,10 @@ comes from"): a program of the base commit, run after each recorded run from a t
 copy of the run's declared `artifacts`, read-only. Its output gives the run's metric
 (`metric_source = "evaluator"`) or its check value (`evaluator_check_pattern`).
 
-Also what the runner does with a run's files from outside its sandbox: clear them before the run
-and copy them after it, one name at a time and never through a link the run could have planted.
+Also what the runner does with a run's files from outside its sandbox: gives each run a fresh
+copy of its arm's export (`fresh_tree`, removed after it: `remove_tree`), clears its files before
+the run and copies them after it, one name at a time and never through a link the run could have
+planted.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import shlex
 import shutil
 import stat
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,9 @@ TAIL_LINES = 12
 #: What the evaluator's environment holds beyond PATH: built here, never the worker's own, so
 #: no secret of the worker reaches it.
 _ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+
+#: coreutils' cp (by full path: a run's PATH is never this process's concern).
+_CP = shutil.which("cp", path="/usr/bin:/bin") or "/bin/cp"
 
 Program = Callable[[Sequence[str], Path, Mapping[str, str]], list[str]]
 
@@ -127,10 +133,11 @@ def evaluate(
         copy_artifact(run_tree, relative, folder / relative)
     argv = command_kind.render_evaluator(evaluator.argv, evaluator.artifacts, str(folder), device)
     venv = evaluator.venv.absolute()
+    gpus = confine.assigned_gpus(device_env)
     env = {
         **_ENV,
         "PATH": os.pathsep.join((str(venv / "bin"), "/usr/bin", "/bin")),
-        "CUDA_VISIBLE_DEVICES": device_env or "",
+        "CUDA_VISIBLE_DEVICES": confine.visible_inside(gpus) if gpus else (device_env or ""),
     }
     tree = evaluator.tree.absolute()
     policy = sandbox.Policy(
@@ -144,7 +151,8 @@ def evaluate(
             *(Path(p) for p in inherited_site_dirs(venv)),
             folder.absolute(),
         ],
-        devices=confine.gpu_devices(),
+        # Its GPUs only, numbered inside as the runs' are (`confine.visible_inside`).
+        devices=confine.gpu_nodes(device_env),
         network=False,
     )
     name = f"{index:03d}-{arm}-evaluator.log"
@@ -179,6 +187,46 @@ def evaluate(
                 [text], compiled, "last", f"the evaluator's {key} pattern"
             )
     return found
+
+
+def fresh_tree(pristine: Path, dest: Path) -> None:
+    """A copy of the arm's export for one run (docs/design.md, "Hosts and boundaries"): nothing
+    a run writes (a cache, a planted start-up file) reaches the next, and the export itself is
+    never a run's. `cp -a` keeps links as links, FIFOs as FIFOs and modes as they are, never
+    reading through what `setup` left; `--reflink=auto` shares blocks where the file system
+    can. OSError if it cannot be made."""
+    remove_tree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(  # noqa: S603 - fixed argv, our own paths
+        [_CP, "--reflink=auto", "-a", "--", str(pristine), str(dest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise OSError(f"cannot copy {pristine} to {dest}: {done.stderr.strip()[-500:]}")
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a run's tree whatever the run made of it: a folder it left unwritable or
+    unreadable is opened up first (never through a link)."""
+    if not os.path.lexists(path):
+        return
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            os.chmod(path, stat.S_IRWXU)
+    for folder, names, _files in os.walk(path):
+        for name in [*names, ""]:
+            inner = os.path.join(folder, name) if name else folder
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(os.lstat(inner).st_mode):
+                    os.chmod(inner, stat.S_IRWXU)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _open_folder(tree: Path, parts: Sequence[str]) -> int:

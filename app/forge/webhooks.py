@@ -46,6 +46,7 @@ _ANSWERS: dict[int | str, dict[str, Any]] = {
     401: {"description": "The signature does not match the body"},
     403: {"description": "An /autopilot command from a user without write access"},
     413: {"description": "The body is larger than 1 MiB"},
+    503: {"description": "No webhook secret is set, so no delivery can be verified"},
 }
 
 

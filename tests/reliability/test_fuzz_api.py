@@ -62,6 +62,9 @@ def fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         state_dir=root / "state",
         memory_url=urls[0],
         ops_url=urls[1],
+        # With a secret the webhook is live: generated deliveries meet the signature check
+        # (401) rather than the 503 of a service that has no webhook configured.
+        github_webhook_secret="fuzz-webhook-secret",
     )
     migrate.upgrade(app_settings)
     stores = Stores.from_settings(app_settings)

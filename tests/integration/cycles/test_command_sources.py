@@ -287,9 +287,11 @@ def test_a_candidate_cannot_manufacture_a_trusted_win(
     assert forged["verdict"] == "rejected_accuracy" and not trusted_win(forged)
     assert forged["check"]["candidate"] > 0.3 > 0.1 > forged["check"]["baseline"]
     assert "worse than the baseline's" in forged["check"]["reason"]
-    claimed = json.loads(
-        (job_dir.parent / str(ids["forged"]) / "src" / "out" / "model.json").read_text()
-    )
+    # (as the evaluator was given it: each run's tree is a fresh copy, removed after the run)
+    forged_run = next(r for r in done["forged"].result["runs"] if r["role"] == "candidate")  # type: ignore[index]
+    artifacts = job_dir.parent / str(ids["forged"]) / "artifacts" / f"{forged_run['index']:03d}"
+    claimed = json.loads((artifacts / "out" / "model.json").read_text())
+    assert not (job_dir.parent / str(ids["forged"]) / "src" / "out").exists()
     assert claimed["holdout_loss"] == 1e-9  # what it claimed, and what was not believed
 
     # An honest change that costs time is still told apart on the runner's clock.

@@ -33,9 +33,7 @@ def test_no_reference_points_outside_the_repository() -> None:
 
 def test_every_cited_design_section_exists() -> None:
     design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    headings = {
-        line.lstrip("#").strip() for line in design.splitlines() if line.startswith("#")
-    }
+    headings = {line.lstrip("#").strip() for line in design.splitlines() if line.startswith("#")}
     cited: dict[str, str] = {}
     for path in shipped_files():
         # a citation may wrap: join the lines of a file before matching

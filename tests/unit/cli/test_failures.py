@@ -28,7 +28,9 @@ def test_a_store_without_its_tables_says_run_db_upgrade(tmp_path: Path) -> None:
     exc = database_error(f"sqlite:///{tmp_path / 'ops.db'}", "SELECT * FROM project")
     line, code = describe(exc)
     assert code == OPERATIONAL
-    assert line == "the stores are not migrated (no such table: project): run `autopilot db upgrade`"
+    assert (
+        line == "the stores are not migrated (no such table: project): run `autopilot db upgrade`"
+    )
 
 
 def test_an_unopenable_database_names_the_settings(tmp_path: Path) -> None:
