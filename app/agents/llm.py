@@ -277,7 +277,9 @@ class LLMAgent:
             service.validate(proposal, context.config)
         except InvalidInput as exc:
             raise Refused(exc.detail) from None
-        if context.is_covered(proposal.experiment, proposal.parameters):
+        # A code change is part of the hypothesis: only a point without one can be a repeat
+        # here (the same change at a judged point is refused by the plan step's fingerprint).
+        if found.diff is None and context.is_covered(proposal.experiment, proposal.parameters):
             raise Refused(
                 f"already judged or running: {proposal.experiment} with "
                 f"{_shown(proposal.parameters)}; propose another point of the declared space"

@@ -118,8 +118,9 @@ Rules:
 declared space lists; a parameter you leave out takes the experiment's default. Anything \
 else is refused.
 2. Never propose a point (experiment and parameters, defaults filled in) that is already \
-judged or running: it is refused. A repeat needs a changed hypothesis, which is a person's \
-call.
+judged or running without a code change: it is refused. A code change is part of the \
+hypothesis: a new change at a judged point is a new test, the same change again is a repeat. \
+Any other repeat needs a changed hypothesis, which is a person's call.
 3. Accuracy before speed: a result outside the experiment's tolerance fails the accuracy \
 gate whatever its speed. Build on validated findings; stay away from refuted ones.
 4. State a falsifiable hypothesis: what should happen to the metric, in which direction, \

@@ -60,6 +60,9 @@ class Proposal:
     tokens: int | None = None
     #: The LLM agent's whole exchange (messages, replies, errors), kept with the cycle.
     exchange: list[dict[str, Any]] | None = None
+    #: The code change as content (`GitWork.change_id`), set once the agent's work is taken;
+    #: None for a proposal that changes no code. Part of the proposal's fingerprint.
+    change_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

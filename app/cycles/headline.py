@@ -58,8 +58,11 @@ def trust_note(headline_: dict[str, Any] | None) -> str:
 
 
 def verdict_statement(cycle: Cycle) -> str:
+    """The verdict finding's statement. It names its cycle: memory keys a finding on its
+    statement, and two cycles at one point (two code changes, or a rerun with a changed
+    hypothesis) that measure alike are two findings, each reviewed on its own."""
     params = ", ".join(f"{k}={v}" for k, v in sorted((cycle.parameters or {}).items()))
     return (
         f"{cycle.experiment} ({params}): {cycle.verdict}{trust_note(cycle.headline)}, "
-        f"{ratio_text(cycle.headline)}"
+        f"{ratio_text(cycle.headline)} (cycle {cycle.id})"
     )

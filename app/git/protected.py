@@ -138,6 +138,17 @@ def check(run: RunGit, base_sha: str, *, ref: str, allowed: Sequence[str] = ()) 
 _SYMLINK, _SUBMODULE = "120000", "160000"
 
 
+def change_id(run: RunGit, base_sha: str, head: str) -> str | None:
+    """What `head` changes from `base_sha`, as content: "<base tree>..<head tree>", or None
+    when the trees are the same. Commit messages, authors, dates and how the change was split
+    into commits do not enter it: the same edit made twice is the same change, and the same
+    edit on another base is another (the fingerprint of a hypothesis includes it)."""
+    base_tree, head_tree = (
+        run(["rev-parse", "--verify", f"{sha}^{{tree}}"]) for sha in (base_sha, head)
+    )
+    return None if base_tree == head_tree else f"{base_tree}..{head_tree}"
+
+
 def _forbidden_name(path: str) -> str | None:
     for part in path.split("/"):
         lowered = part.lower()

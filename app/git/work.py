@@ -152,8 +152,8 @@ class GitWork:
             return False  # not a repository (yet): the fetch says what is wrong
 
     def read_at(self, project: str, url: str, branch: str, path: str) -> tuple[str, str | None]:
-        """Fetch the project's mirror from `url`, then read `path` at the tip of `branch`:
-        (the commit, the file's text or None where that commit has no such file)."""
+        """Fetch the project's mirror from `url`, then read `path` at the tip of `branch`: the
+        commit, and the file's text (None where that commit has none)."""
         check_branch_name(branch)
         missing = BaseBranchMissing(
             f"branch {branch!r} does not exist on the project's repository "
@@ -257,10 +257,13 @@ class GitWork:
         return branch
 
     def tip(self, branch: CycleBranch) -> str:
-        known = self._tips.get((branch.mirror, branch.ref))
-        if known is not None:
+        if (known := self._tips.get((branch.mirror, branch.ref))) is not None:
             return known
         return self.git.run(["rev-parse", "--verify", f"{branch.ref}^{{commit}}"], branch.mirror)
+
+    def change_id(self, branch: CycleBranch, head: str) -> str | None:
+        """What `head` changes from the base, as content (`protected.change_id`)."""
+        return protected.change_id(lambda a: self.git.run(a, branch.mirror), branch.base_sha, head)
 
     def reset_to_base(self, branch: CycleBranch) -> None:
         """Drop whatever an earlier (crashed) agent run left on the branch."""

@@ -117,11 +117,18 @@ def _canonical(value: Any, path: str) -> Any:
 
 
 def fingerprint(
-    project: str | None, experiment: str, parameters: Mapping[str, Any], device_kind: str
+    project: str | None,
+    experiment: str,
+    parameters: Mapping[str, Any],
+    device_kind: str,
+    change: str | None = None,
 ) -> str:
     """The canonical fingerprint of a hypothesis test: sha256 (hex) of sorted-key JSON.
 
-    Key order and number spelling (2 / 2.0) do not change it; the device kind does.
+    Key order and number spelling (2 / 2.0) do not change it; the device kind does. `change`
+    names a code change (`GitWork.change_id`: the base's tree and the candidate's): the same
+    change at the same point on the same base is a repeat, another change is a new hypothesis.
+    Without one the fingerprint is what it was before changes were part of it.
     """
     if not experiment.strip():
         raise InvalidInput("experiment: must not be blank", field="experiment")
@@ -133,6 +140,7 @@ def fingerprint(
             "experiment": experiment,
             "parameters": _canonical(dict(parameters), "parameters"),
             "device_kind": device_kind,
+            **({"change": change} if change else {}),
         },
         sort_keys=True,
         ensure_ascii=False,

@@ -87,7 +87,9 @@ class Plan(Step):
                     )
                 proposal = found
             agents.validate(proposal, config)
-            fp = memory.fingerprint(ref.name, proposal.experiment, proposal.parameters, gpu_kind)
+            fp = memory.fingerprint(
+                ref.name, proposal.experiment, proposal.parameters, gpu_kind, proposal.change_id
+            )
             with self.stores.memory_session() as msession:
                 repeat = memory.check_repeat(msession, fp)
                 repeat_id = repeat.verdict.id if repeat else None
@@ -224,5 +226,7 @@ class _CheckedCommandAgent:
             message=f"Change proposed by the agent\n\n{proposal.hypothesis if proposal else ''}",
             enabled=self.inner.sandboxed,
         )
-        self.git_work.take_agent_work(self.branch, bundle)
+        head = self.git_work.take_agent_work(self.branch, bundle)
+        if proposal is not None:
+            proposal.change_id = self.git_work.change_id(self.branch, head)
         return proposal

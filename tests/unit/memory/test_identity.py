@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from decimal import Decimal
 
 import pytest
@@ -60,6 +62,21 @@ def test_fingerprint_is_hex_sha256_and_refuses_non_json() -> None:
         fingerprint("p-x", "gemm", {"when": object()}, "h100")
     with pytest.raises(InvalidInput, match="device_kind"):
         fingerprint("p-x", "gemm", {}, " ")
+
+
+def test_a_code_change_is_part_of_the_fingerprint_and_no_change_keeps_the_old_one() -> None:
+    # Fingerprints stored before changes entered them must still match a point without one:
+    # the canonical JSON of project, experiment, parameters and device kind, as it always was.
+    canonical = json.dumps(
+        {"device_kind": "h100", "experiment": "gemm", "parameters": {"batch": 32}, "project": "p"},
+        separators=(",", ":"),
+    )
+    plain = fingerprint("p", "gemm", {"batch": 32}, "h100")
+    assert plain == hashlib.sha256(canonical.encode()).hexdigest()
+    assert fingerprint("p", "gemm", {"batch": 32}, "h100", None) == plain
+    one = fingerprint("p", "gemm", {"batch": 32}, "h100", "a" * 40 + ".." + "b" * 40)
+    other = fingerprint("p", "gemm", {"batch": 32}, "h100", "a" * 40 + ".." + "c" * 40)
+    assert len({plain, one, other}) == 3
 
 
 def test_content_hash_normalises_whitespace_only() -> None:
