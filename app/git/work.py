@@ -12,7 +12,6 @@ config, so no token rests on disk.
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from app.git import protected, refstore
+from app.git import protected, refstore, scratch
 from app.git.exceptions import (
     AgentWorkRefused,
     BaseBranchMissing,
@@ -271,32 +270,14 @@ class GitWork:
             self.git.run(["update-ref", branch.ref, branch.base_sha], branch.mirror)
         self._at(branch, branch.base_sha)
 
-    def scratch_clone(self, branch: CycleBranch, dest: Path) -> Path:
-        """A fresh clone of the branch for the agent, sharing no file with the mirror
-        (`--no-local`: the agent may write anything in it, nothing of it comes back but a
-        bundle) and naming no remote."""
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self.git.run(
-            [
-                "clone",
-                "--quiet",
-                "--no-local",
-                "--no-hardlinks",
-                "--single-branch",
-                "--branch",
-                branch.branch,
-                "--end-of-options",
-                str(branch.mirror),
-                str(dest),
-            ],
-            dest.parent,
-        )
-        self.git.run(["remote", "remove", "origin"], dest)
-        return dest
+    def scratch_clone(self, branch: CycleBranch, dest: Path, hidden: Sequence[str] = ()) -> str:
+        """The agent's fresh clone of the branch, without `hidden` paths (`scratch.clone`);
+        the commit it starts at."""
+        return scratch.clone(self.git, branch, dest, hidden)
 
-    def take_agent_work(self, branch: CycleBranch, bundle: Path | None) -> str:
+    def take_agent_work(
+        self, branch: CycleBranch, bundle: Path | None, hidden: Sequence[str] = ()
+    ) -> str:
         """Fetch the agent's commits from its bundle (objects only, each one checked by git's
         fsck), check them on the trees, and move the branch to them; the branch's tip.
 
@@ -327,6 +308,8 @@ class GitWork:
                 ) from None
             head = self.git.run(["rev-parse", "--verify", f"{incoming}^{{commit}}"], branch.mirror)
             self.git.ok(["update-ref", "-d", incoming], branch.mirror)
+            if hidden:  # cut from the scratch root: put back on the base, hidden paths and all
+                head = scratch.onto_base(self.git, branch, head, hidden)
             if not self.git.ok(
                 ["merge-base", "--is-ancestor", branch.base_sha, head], branch.mirror
             ):

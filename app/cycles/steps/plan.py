@@ -165,9 +165,10 @@ class Plan(Step):
         branch = self.branch(cycle, ref, forge)
         space = Workspace(self.settings.state_dir.absolute() / "cycles" / str(cycle_id) / "agent")
         author = (self.settings.git_author_name, self.settings.git_author_email)
+        hidden = tuple(config.project.hidden)
         if name == "llm":
             model = LLMAgent.from_settings(self.settings, config.agent, space, f"agent-{cycle_id}")
-            return _CheckedCommandAgent(model, git, branch, author, name="llm")
+            return _CheckedCommandAgent(model, git, branch, author, "llm", hidden)
         return _CheckedCommandAgent(
             agents.CommandAgent(
                 argv=list(config.agent.command),
@@ -183,6 +184,7 @@ class Plan(Step):
             git,
             branch,
             author,
+            hidden=hidden,
         )
 
 
@@ -210,23 +212,25 @@ class _CheckedCommandAgent:
     branch: CycleBranch
     author: tuple[str, str]
     name: str = "command"
+    #: The project's hidden paths at the base: absent from the agent's clone and its history.
+    hidden: tuple[str, ...] = ()
 
     def propose(self, context: agents.Context) -> agents.Proposal | None:
         space = self.inner.workspace
         assert space is not None
         space.reset()
         self.git_work.reset_to_base(self.branch)
-        self.git_work.scratch_clone(self.branch, space.repo)
+        start = self.git_work.scratch_clone(self.branch, space.repo, self.hidden)
         proposal = self.inner.propose(context)
         bundle = workspace.pack(
             space,
-            self.branch.base_sha,
+            start,
             name=f"{self.inner.run_name}-pack",
             author=self.author,
             message=f"Change proposed by the agent\n\n{proposal.hypothesis if proposal else ''}",
             enabled=self.inner.sandboxed,
         )
-        head = self.git_work.take_agent_work(self.branch, bundle)
+        head = self.git_work.take_agent_work(self.branch, bundle, self.hidden)
         if proposal is not None:
             proposal.change_id = self.git_work.change_id(self.branch, head)
         return proposal
