@@ -10,6 +10,7 @@ inject markup into the page.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -34,6 +35,8 @@ MAX_FILE_BYTES = 2 * 1024 * 1024
 MAX_DIFF_CHARS = 200_000
 SHOWN_LOG_BYTES = 32 * 1024  # of a job's log on the page
 REPORT_FILES = ("REPORT.md", "plot.svg", "result.json")
+_FILE_DIFF = re.compile(r"(?m)^(?=diff --git )")
+_DIFF_HEADER = re.compile(r"diff --git a/\S+ b/(\S+)")
 
 
 def _image(
@@ -61,6 +64,12 @@ def render_markdown(
     `plot_url`."""
     html = _markdown.render(text, {"plot_url": plot_url, "plot_link": plot_link})
     return Markup(html)  # noqa: S704 - markdown-it escapes all text; raw HTML is off
+
+
+def render_inline(text: str) -> Markup:
+    """One line of Markdown (a report's gate or stop line) as inline HTML, as safe as
+    `render_markdown`."""
+    return Markup(_markdown.renderInline(text, {}))  # noqa: S704 - as render_markdown
 
 
 def report_file(
@@ -101,17 +110,36 @@ def environment(result: dict[str, Any]) -> list[tuple[str, str]]:
     return shown
 
 
-def diff(settings: Settings, stores: Stores, project: ProjectRef, number: int | None) -> str | None:
-    """The local forge's diff of the PR (truncated), or None for GitHub or without a PR."""
-    if settings.forge != "local" or number is None:
+def diff(settings: Settings, stores: Stores, project: ProjectRef, cycle: Cycle) -> str | None:
+    """The local forge's diff of the cycle's PR without its report files (truncated), or None
+    for GitHub or without a PR."""
+    if settings.forge != "local" or cycle.pr_number is None:
         return None
     try:
-        text = LocalForge(settings, stores).diff(project, number)
+        text = LocalForge(settings, stores).diff(project, cycle.pr_number)
     except (GitFailed, AutopilotError) as exc:
         return f"(the diff is unavailable: {exc})"
+    text = without_report(text, report.results_dir(str(cycle.id)))
     if len(text) > MAX_DIFF_CHARS:
         return text[:MAX_DIFF_CHARS] + "\n… (truncated; fetch the branch to see all of it)"
     return text
+
+
+def without_report(text: str, directory: str) -> str:
+    """A unified diff without the files under the cycle's results `directory`: the review page
+    shows the report once, beside the diff, and the diff is left with the code. A last line
+    names the files left out."""
+    kept, left = [], []
+    for part in _FILE_DIFF.split(text):
+        header = _DIFF_HEADER.match(part)
+        if header is not None and header.group(1).startswith(directory + "/"):
+            left.append(header.group(1))
+        else:
+            kept.append(part)
+    if not left:
+        return text
+    note = f"… {', '.join(left)}: the cycle's report, shown on this page, left out of the diff\n"
+    return "".join(kept) + note
 
 
 def comments(

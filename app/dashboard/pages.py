@@ -14,7 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from app import clock
 from app.api.deps import StoresDep, get_stores
-from app.dashboard import auth, live, views
+from app.dashboard import auth, evidence, live, views
 from app.errors import AutopilotError
 from app.memory.models import KINDS, STATUSES
 
@@ -34,6 +34,7 @@ templates = Environment(
 templates.filters["age"] = clock.age
 templates.filters["ratio"] = views.ratio_text
 templates.filters["accuracy"] = views.accuracy_text
+templates.filters["inline"] = evidence.render_inline
 templates.globals.update(
     prefix=PREFIX,
     duration=views.duration,

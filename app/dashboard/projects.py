@@ -1,8 +1,9 @@
 """The projects on the dashboard: a list, and one project's page showing how it has moved across
 its cycles (the trend of the headline ratio with the best so far, each experiment's parameter
-map coloured by verdict, each mark linking to its cycle), its budgets and its validated
-findings. The charts are the API's `GET /api/v1/projects/{name}/plot` SVGs, inlined so their
-points are links. A live page (`live.py`, topic `cycles`).
+map coloured by verdict, each mark linking to its cycle), the GPU time each decision took
+(`gpu_time.py`), its budgets and its validated findings. The trend and the maps are the API's
+`GET /api/v1/projects/{name}/plot` SVGs, inlined so their points are links. A live page
+(`live.py`, topic `cycles`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from app.api.deps import SettingsDep, StoresDep
 from app.cycles import progress, states
 from app.cycles import service as cycles
 from app.cycles.progress import Point, Progress
-from app.dashboard import live
+from app.dashboard import gpu_time, live
 from app.dashboard.pages import PREFIX, MaybeViewer, from_exception, render, to_login
 from app.dashboard.views import BudgetRow
 from app.db import Stores
@@ -58,6 +59,8 @@ class ProjectPage:
     maps: list[Chart] = field(default_factory=list)
     findings: list[FindingOut] = field(default_factory=list)
     more_findings: bool = False
+    spend: gpu_time.Spend = field(default_factory=lambda: gpu_time.Spend([]))
+    spend_chart: Chart | None = None
 
     @property
     def live(self) -> bool:
@@ -85,6 +88,7 @@ def project_page(settings: Settings, stores: Stores, name: str) -> ProjectPage:
     with stores.ops_session() as session:
         project = ops.get_project(session, name)
         used_h, active = figures.gpu_use(session, project.id, datetime.now(UTC) - timedelta(days=1))
+        spent = gpu_time.spend(session, name)
         session.expunge(project)
     budget = BudgetRow(
         f"project {name}",
@@ -93,7 +97,9 @@ def project_page(settings: Settings, stores: Stores, name: str) -> ProjectPage:
         active,
         project.budget_concurrent_gpus,
     )
-    page = ProjectPage(project, found, budget)
+    page = ProjectPage(project, found, budget, spend=spent)
+    if svg := spent.chart():
+        page.spend_chart = Chart("GPU time per decision", svg)
     if found.points:
         chart = progress.trend(found)
         page.without_ratio = chart.without_ratio

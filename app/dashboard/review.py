@@ -1,5 +1,6 @@
 """The review pages: the queue of PRs awaiting a decision, a PR's detail with its evidence and
-plot, and the decision form (approve or reject, with a note and an optional merge).
+plot and the decision form (approve or reject, with a note and an optional merge), and the
+cycle's whole report.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _cycle_page(
 ) -> Response:
     version = live.version(stores, "cycles")
     try:
-        page = views.cycle_page(settings, stores, cycle_id, f"{PREFIX}/cycles/{cycle_id}/plot.svg")
+        page = views.cycle_page(settings, stores, cycle_id)
     except AutopilotError as exc:
         return from_exception(request, viewer, exc)
     return render(
@@ -121,6 +122,24 @@ def cycle_detail(
         cycle_id,
         done=done if done in ("approved", "rejected") else None,
     )
+
+
+@router.get(PREFIX + "/cycles/{cycle_id}/report")
+def cycle_report(
+    request: Request,
+    viewer: MaybeViewer,
+    stores: StoresDep,
+    settings: SettingsDep,
+    cycle_id: int,
+) -> Response:
+    """The whole report, one click from the review page, which shows each of its facts once."""
+    if viewer is None:
+        return to_login(request)
+    try:
+        page = views.report_page(settings, stores, cycle_id, f"{PREFIX}/cycles/{cycle_id}/plot.svg")
+    except AutopilotError as exc:
+        return from_exception(request, viewer, exc)
+    return render(request, "report.html", viewer, page=page, c=page.cycle)
 
 
 @router.get(PREFIX + "/cycles/{cycle_id}/plot.svg")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from app.clock import aware
@@ -14,6 +15,7 @@ from app.cycles import service as cycles
 from app.cycles.headline import interval_text
 from app.cycles.models import Cycle, CycleStep
 from app.dashboard import evidence
+from app.dashboard.grounds import Grounds
 from app.db import Stores
 from app.errors import AutopilotError
 from app.forge.base import ProjectRef, PullRequest
@@ -26,6 +28,7 @@ from app.memory.models import Finding
 from app.memory.schemas import FindingOut
 from app.projects import service as ops
 from app.projects.models import Project
+from app.reports import cycle as report
 from app.settings import Settings
 
 # faster/slower judge a time metric; better/worse any other (a command experiment's metric).
@@ -145,14 +148,18 @@ def cycle_list(
 
 @dataclass
 class CyclePage:
+    """A cycle's review page: each fact of the comparison once (the whole report has a page of
+    its own, `ReportPage`)."""
+
     cycle: Cycle
     project: Project
     steps: list[CycleStep]
     job: Job | None
     pull_request: PullRequest | None = None
-    report_html: Any = None
-    pr_body_html: Any = None
+    grounds: Grounds = field(default_factory=lambda: Grounds.of({}, None))
+    results_html: Markup | None = None
     has_plot: bool = False
+    has_report: bool = False
     environment: list[tuple[str, str]] = field(default_factory=list)
     diff: str | None = None
     comments: list[str] = field(default_factory=list)
@@ -175,7 +182,7 @@ def cycle_and_project(stores: Stores, cycle_id: int) -> tuple[Cycle, ProjectRef]
     return cycle, ref
 
 
-def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str) -> CyclePage:
+def cycle_page(settings: Settings, stores: Stores, cycle_id: int) -> CyclePage:
     """Everything the PR detail shows. Outside calls (git, forge) run after the session closes."""
     with stores.ops_session() as session:
         cycle = cycles.get(session, cycle_id)
@@ -192,23 +199,16 @@ def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str)
             page.pull_request = LocalForge(settings, stores).get_pull_request(ref, cycle.pr_number)
         except AutopilotError:
             page.pull_request = None
-    report_md = evidence.report_file(settings, stores, cycle, ref, "REPORT.md")
     page.has_plot = evidence.report_file(settings, stores, cycle, ref, "plot.svg") is not None
-    if report_md:
-        page.report_html = evidence.render_markdown(
-            report_md, plot_url=plot_url if page.has_plot else None
-        )
-    if page.pull_request is not None and page.pull_request.body:
-        page.pr_body_html = evidence.render_markdown(
-            page.pull_request.body,
-            plot_url=plot_url if page.has_plot else None,
-            plot_link=f"{settings.dashboard_base_url}/cycles/{cycle.id}/plot.svg",
-        )
+    page.has_report = cycle.commit_sha is not None
     result = evidence.result_json(evidence.report_file(settings, stores, cycle, ref, "result.json"))
     if not result and page.job is not None and isinstance(page.job.result, dict):
         result = page.job.result
+    page.grounds = Grounds.of(result, cycle.headline)
+    if result:
+        page.results_html = evidence.render_markdown("\n".join(report.results_table(result)))
     page.environment = evidence.environment(result)
-    page.diff = evidence.diff(settings, stores, ref, cycle.pr_number)
+    page.diff = evidence.diff(settings, stores, ref, cycle)
     page.comments = evidence.comments(settings, stores, ref, cycle.pr_number)
     page.log_tail = evidence.log_tail(settings, page.job)
     own = set(cycle.finding_ids or [])
@@ -223,6 +223,40 @@ def cycle_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str)
             f for f in memory.related(msession, page.project.name, text, k=8) if f.id not in own
         ]
         msession.expunge_all()
+    return page
+
+
+@dataclass
+class ReportPage:
+    """A cycle's whole report, REPORT.md as its commit holds it, and the pull request's body as
+    the local forge keeps it (on GitHub, GitHub shows it)."""
+
+    cycle: Cycle
+    report_html: Markup | None = None
+    pr_body_html: Markup | None = None
+
+
+def report_page(settings: Settings, stores: Stores, cycle_id: int, plot_url: str) -> ReportPage:
+    """The cycle's whole report, its plot from `plot_url`; NotFound when there is no such
+    cycle. Read from git and the forge after the session closes."""
+    cycle, ref = cycle_and_project(stores, cycle_id)
+    page = ReportPage(cycle)
+    has_plot = evidence.report_file(settings, stores, cycle, ref, "plot.svg") is not None
+    shown_plot = plot_url if has_plot else None
+    report_md = evidence.report_file(settings, stores, cycle, ref, "REPORT.md")
+    if report_md:
+        page.report_html = evidence.render_markdown(report_md, plot_url=shown_plot)
+    if cycle.pr_number is not None and settings.forge == "local":
+        try:
+            pull = LocalForge(settings, stores).get_pull_request(ref, cycle.pr_number)
+        except AutopilotError:
+            pull = None
+        if pull is not None and pull.body:
+            page.pr_body_html = evidence.render_markdown(
+                pull.body,
+                plot_url=shown_plot,
+                plot_link=f"{settings.dashboard_base_url}/cycles/{cycle.id}/plot.svg",
+            )
     return page
 
 

@@ -342,6 +342,7 @@ STOP_WORDS = {
     "effect": "decided: the difference crossed the rule's boundary and clears the noise floor",
     "equivalent": "decided: equivalent, the interval lies within the rule's margin",
     "max": "undecided at the maximum",
+    "gate": "stopped: the quality gate failed at a look",
 }
 
 

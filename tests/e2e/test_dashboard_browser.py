@@ -1,11 +1,13 @@
 """The review path in a real browser: two real cycles run by real workers reach review; one is
-approved with the keyboard, the other rejected with JavaScript off; memory shows the outcome.
+decided from the first screen of its page and approved with the keyboard, the other rejected
+with JavaScript off; memory shows the outcome.
 
 Screenshots of every page go to test-artifacts/screenshots/.
 """
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,14 @@ from app.cycles.models import Cycle
 from app.memory import service as memory
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
-from tests.e2e.conftest import LiveServer
+from tests.e2e.conftest import SCREENSHOTS, LiveServer
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.support import bearer, wait_for
 
 PROJECT = "probe-dashboard"
 PHONE = {"width": 390, "height": 844}
 LAPTOP = {"width": 1366, "height": 900}
+SCREEN = {"width": 1280, "height": 800}  # the first screen a reviewer decides from
 
 
 def _trigger(base: str, token: str, sleep_s: float) -> int:
@@ -74,6 +77,26 @@ def _plot_loaded(page: Any) -> None:
     )
 
 
+def _decidable_from_the_first_screen(page: Any, server: LiveServer, cycle_id: int) -> None:
+    """At 1280 x 800 the verdict's headline, its sources and the decision form show without
+    scrolling, and the hypothesis, the results table and the plot are each on the page once."""
+    page.set_viewport_size(SCREEN)
+    for what in ("main > h1", "#headline-ratio", "#sources"):
+        box = page.locator(what).first.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= SCREEN["height"], what
+    for button in ("approve", "reject"):
+        box = page.locator(f'#decision button[value="{button}"]').bounding_box()
+        assert box is not None and box["y"] + box["height"] <= SCREEN["height"], button
+    with server.stores.ops_session() as session:
+        cycle = session.get(Cycle, cycle_id)
+        assert cycle is not None and cycle.hypothesis
+        hypothesis = html.escape(cycle.hypothesis, quote=False)
+    assert page.content().count(hypothesis) == 1
+    assert page.locator("#results table").count() == 1 and page.locator("img.plot").count() == 1
+    page.screenshot(path=str(SCREENSHOTS / "03-pr-detail-first-screen.png"))
+    page.set_viewport_size(LAPTOP)
+
+
 def test_review_in_the_browser_approve_and_reject(
     browser: Any, workers: Workers, live_server: LiveServer, screenshots: Path, tmp_path: Path
 ) -> None:
@@ -124,7 +147,7 @@ def test_review_in_the_browser_approve_and_reject(
     rows.click()
     page.wait_for_url(f"{base}/dashboard/cycles/{first}")
     _plot_loaded(page)
-    assert page.locator("article.report h2", has_text="Results").count() == 1
+    _decidable_from_the_first_screen(page, live_server, first)
     assert page.get_by_role("heading", name="Decision").is_visible()
     page.locator("details", has_text="Diff of the pull request").locator("summary").click()
     assert f"results/{first}/REPORT.md" in page.locator("pre.diff").inner_text()

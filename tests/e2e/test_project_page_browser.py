@@ -1,6 +1,7 @@
 """A project's page in a real browser: twelve real cycles, run by real workers over a 4 x 3
-parameter space and judged by the control plane, show as a trend with the best so far and as a
-parameter map coloured by verdict; a point of the map leads to its cycle.
+parameter space and judged by the control plane, show as a trend with the best so far, as a
+parameter map coloured by verdict and as the GPU time each decision took; a point of the map
+leads to its cycle.
 
 Screenshots go to test-artifacts/screenshots/ (project-*.png).
 """
@@ -14,8 +15,10 @@ from typing import Any
 
 import git
 import httpx
+from sqlalchemy import select
 
 from app.cycles.models import Cycle
+from app.jobs.models import Job
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.e2e.conftest import LiveServer
@@ -180,6 +183,24 @@ def test_project_page_shows_trend_and_parameter_map_of_twelve_cycles(
     assert verdicts[wrong] == "rejected_accuracy"
     label = space.locator(f'a[href="/dashboard/cycles/{wrong}"]').get_attribute("aria-label")
     assert label is not None and "rejected accuracy" in label
+
+    # GPU time per decision: every judged cycle, with the GPU seconds its job's row holds.
+    with live_server.stores.ops_session() as session:
+        jobs = session.scalars(select(Job).where(Job.cycle_id.in_(ids))).all()
+        stored = {int(j.cycle_id or 0): j.gpu_seconds for j in jobs}
+    assert len(stored) == len(ids) and all(seconds > 0 for seconds in stored.values())
+    page.get_by_text("Each decision's GPU time").click()
+    rows = page.locator("#gpu-time-table tbody tr")
+    shown = {
+        int(rows.nth(i).get_attribute("data-cycle") or 0): rows.nth(i).locator("td.gpu-s")
+        for i in range(rows.count())
+    }
+    assert {c: cell.inner_text() for c, cell in shown.items()} == {
+        c: f"{seconds:.2f}" for c, seconds in stored.items()
+    }
+    summary = page.locator("#gpu-time-summary").inner_text()
+    assert summary.startswith(f"{len(ids)} decisions took {sum(stored.values()):.2f} GPU s")
+    assert page.locator("figure#gpu-time circle").count() == len(ids)
 
     budgets = page.locator("#budgets").inner_text()  # used / limit, both limits
     assert "/ 4" in budgets and "/ 1" in budgets

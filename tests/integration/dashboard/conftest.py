@@ -12,15 +12,22 @@ import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from autopilot_harness import sequential
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
+from app.clock import utcnow
+from app.cycles.headline import headline
+from app.cycles.judge import judge
+from app.cycles.judge import sequential as judge_sequential
 from app.cycles.models import Cycle
+from app.cycles.pull_request import links, pr_body, pr_title
 from app.db import Stores
 from app.forge.base import ProjectRef
 from app.forge.local import LocalForge
@@ -34,6 +41,7 @@ from app.reports import cycle as report
 from app.settings import Settings
 from tests.integration.queue.conftest import make_repo
 
+CHANGES = "probe: fused loop"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 PLOT = (
     '<svg xmlns="http://www.w3.org/2000/svg" width="120" height="60" viewBox="0 0 120 60">'
@@ -107,6 +115,114 @@ def result_for(device: str = "cpu-test") -> dict[str, Any]:
     }
 
 
+def harness_judged_result(seed: int = 3) -> dict[str, Any]:
+    """A harness experiment's result as the control plane's own judge leaves it: one variant
+    about 20% faster than the baseline in paired, interleaved calls, accuracy within tolerance,
+    with its A/A pairs and environment."""
+    a = [1_000_000.0 + 997 * (i % 5) for i in range(20)]
+    b = [0.8 * v + 311 * ((3 * i) % 4) for i, v in enumerate(a)]
+    aa = [v + 311 * ((3 * i) % 4) - 400 for i, v in enumerate(a)]
+    raw = {
+        "status": "ok",
+        "experiment": "matmul",
+        "parameters": {"n": 256},
+        "device": "cpu",
+        "repeats": len(a),
+        "noise_floor": {"samples": {"a_ns": a, "b_ns": aa}},
+        "comparisons": [
+            {
+                "variant": "fused",
+                "baseline": "naive",
+                "samples": {"a_ns": a, "b_ns": b},
+                "accuracy": {"max_abs_error": 1e-7, "scale": 1.0},
+            }
+        ],
+        "environment": {"device_name": "cpu", "python": "3.11.9", "torch": "2.4.0"},
+    }
+    return judge(raw, {"seed": seed, "tolerance": {"rtol": 1e-5, "atol": 1e-8}})
+
+
+def stopped_command_result(seed: int = 7) -> dict[str, Any]:
+    """A command experiment's result as the control plane's own judge leaves it, whose blocks a
+    sequential rule stopped before its maximum: the candidate about 15% faster on the runner's
+    clock, the check value from the hold-out evaluator, every run with its time (as the runner
+    records them; docs/design.md, "Sequential verdicts")."""
+    rule = sequential.Rule(max_blocks=12)
+    gate = {"direction": "lower", "tolerance": 0.02, "source": "evaluator"}
+    spec = {
+        "kind": "command",
+        "metric": "run_s",
+        "direction": "lower",
+        "time_metric": True,
+        "metric_source": "wall",
+        "seed": seed,
+        "check": gate,
+        "sequential": rule.as_dict(),
+    }
+    values: dict[str, list[float]] = {"baseline": [], "candidate": [], "baseline_aa": []}
+    checks: dict[str, list[float]] = {"baseline": [], "candidate": []}
+    runs: list[dict[str, Any]] = []
+    decision = "continue"
+    for block in range(rule.max_blocks):
+        base = 2.0 + 0.013 * ((5 * block) % 7)
+        for role, arm, value in (
+            ("candidate", "candidate", base * 0.85 + 0.004 * (block % 3)),
+            ("baseline", "baseline", base),
+            ("baseline_aa", "baseline", base + 0.011 * ((3 * block) % 5) - 0.02),
+        ):
+            value = round(value, 4)
+            values[role].append(value)
+            if role != "baseline_aa":
+                checks[arm].append(0.05)
+            runs.append(
+                {
+                    "index": len(runs),
+                    "block": block,
+                    "arm": arm,
+                    "role": role,
+                    "value": value,
+                    "check": 0.05,
+                    "exit_code": 0,
+                    "duration_s": value,
+                }
+            )
+        if block + 1 < rule.min_blocks:
+            continue
+        decision, _ = judge_sequential.decide(rule, values, checks, gate, seed)  # the runner's
+        if decision != "continue":
+            break
+    raw = {
+        "status": "ok",
+        "kind": "command",
+        "experiment": "train",
+        "parameters": {"width": 32},
+        "metric": "run_s",
+        "metric_source": "wall",
+        "check_source": "evaluator",
+        "direction": "lower",
+        "device": "cpu",
+        "repeats": rule.max_blocks,
+        "arms": {
+            "baseline": {
+                "commit": "b" * 40,
+                "parameters": {"width": 16},
+                "command": ["python", "train.py"],
+            },
+            "candidate": {
+                "commit": "c" * 40,
+                "parameters": {"width": 32},
+                "command": ["python", "train.py"],
+            },
+        },
+        "runs": runs,
+        "samples": values,
+        "checks": {"metric": "val_loss", **checks},
+        "stopped": {"decision": decision},
+        "environment": {"device_name": "cpu", "python": "3.11.9", "torch": "2.4.0"},
+    }
+    return judge(raw, spec)
+
+
 class CycleFactory:
     def __init__(self, settings: Settings, stores: Stores, root: Path) -> None:
         self.settings, self.stores, self.root = settings, stores, root
@@ -130,27 +246,42 @@ class CycleFactory:
         keep_worktree: bool = False,
         log_text: str | None = "probe started\nprobe finished\n",
         project: str = "probe-dash",
+        result: dict[str, Any] | None = None,
+        published: bool = False,
+        gpu_seconds: float = 1.5,
+        finished_at: datetime | None = None,
     ) -> Made:
+        """A cycle as the commit and publish steps leave it. `result` is the judged result it
+        committed (its verdict and headline are the cycle's); `published` writes the pull
+        request's title and body as the publish step does (else a placeholder); its job used
+        `gpu_seconds` and finished at `finished_at` (now by default)."""
         ref, repo = self.project(project)
         self.count += 1
-        result = result_for()
-        result["verdict"] = verdict
+        # The default: a fixed result with a small stand-in plot; a given one is drawn.
+        plot = PLOT if result is None else report.render_plot(result)
+        if result is None:
+            result = result_for()
+            result["verdict"] = verdict
+            shown = {
+                "ratio": 0.8,
+                "ci_low": 0.75,
+                "ci_high": 0.86,
+                "accuracy_pass": True,
+                "device": "cpu-test",
+            }
+        else:
+            verdict, shown = str(result["verdict"]), headline(result)
         with self.stores.ops_session() as session:
             cycle = Cycle(
                 project_id=ops.get_project(session, ref.name).id,
                 state=state,
-                experiment="probe",
-                parameters={"sleep_s": 0.05 * self.count},
+                experiment=str(result.get("experiment") or "probe"),
+                parameters=dict(result.get("parameters") or {"sleep_s": 0.05 * self.count}),
                 hypothesis=hypothesis,
+                changed_hypothesis=CHANGES,
                 verdict=verdict,
-                headline={
-                    "ratio": 0.8,
-                    "ci_low": 0.75,
-                    "ci_high": 0.86,
-                    "accuracy_pass": True,
-                    "device": "cpu-test",
-                },
-                gpu_seconds=1.5,
+                headline=shown,
+                gpu_seconds=gpu_seconds,
             )
             session.add(cycle)
             session.flush()
@@ -161,11 +292,13 @@ class CycleFactory:
                 job = Job(
                     project_id=cycle.project_id,
                     cycle_id=cycle_id,
-                    experiment="probe",
+                    experiment=cycle.experiment or "probe",
                     queue="gpu.cpu",
                     state="succeeded",
                     log_path=str(log),
                     result=result,
+                    gpu_seconds=gpu_seconds,
+                    finished_at=finished_at or utcnow(),
                 )
                 session.add(job)
                 session.flush()
@@ -179,26 +312,33 @@ class CycleFactory:
             report.render_markdown(
                 result,
                 report.ReportContext(
-                    cycle_id=str(cycle_id),
-                    project=ref.name,
-                    hypothesis=hypothesis,
-                    changes="probe: fused loop",
+                    cycle_id=str(cycle_id), project=ref.name, hypothesis=hypothesis, changes=CHANGES
                 ),
             )
         )
-        (directory / "plot.svg").write_text(PLOT)
+        (directory / "plot.svg").write_text(plot)
         subprocess.run([*git, "add", "results"], check=True)
         subprocess.run([*git, "commit", "-q", "-m", f"cycle {cycle_id}"], check=True)
         sha = subprocess.run(
             [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
         ).stdout.strip()
         subprocess.run([*git, "checkout", "-q", "main"], check=True)
+        with self.stores.ops_session() as session:
+            row = session.get(Cycle, cycle_id)
+            assert row is not None
+            row.branch, row.commit_sha = branch, sha
+            session.flush()
+            session.expunge(row)
         pr_number = pr_url = None
         if with_pr:
             forge = LocalForge(self.settings, self.stores)
             bare = forge.remote_url(ref)
             subprocess.run([*git, "push", "-q", bare, branch], check=True)
-            pr = forge.open_pull_request(ref, branch, "main", f"cycle {cycle_id}", "body")
+            title, body = f"cycle {cycle_id}", "body"
+            if published:
+                where = links(row, ref, forge, self.settings.dashboard_base_url)
+                title, body = pr_title(row), pr_body(row, ref, result, where)
+            pr = forge.open_pull_request(ref, branch, "main", title, body)
             pr_number, pr_url = pr.number, pr.url
         evidence = Evidence(
             cycle_id=str(cycle_id),
@@ -226,13 +366,7 @@ class CycleFactory:
         with self.stores.ops_session() as session:
             cycle = session.get(Cycle, cycle_id)
             assert cycle is not None
-            cycle.branch, cycle.commit_sha, cycle.pr_number, cycle.pr_url = (
-                branch,
-                sha,
-                pr_number,
-                pr_url,
-            )
-            cycle.finding_ids = ids
+            cycle.pr_number, cycle.pr_url, cycle.finding_ids = pr_number, pr_url, ids
         # The control host holds the cycle's commit in the project's mirror.
         GitWork(self.settings).fetch(ref.name, str(repo))
         if keep_worktree:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 
@@ -14,7 +15,7 @@ from app.forge.local import LocalForge
 from app.memory import service as memory
 from app.memory.schemas import FindingCreate
 from app.settings import Settings
-from tests.integration.dashboard.conftest import CycleFactory, login
+from tests.integration.dashboard.conftest import CycleFactory, login, stopped_command_result
 from tests.integration.forge.pr_cycles import harness_cycle
 
 EVIL = '<script>alert("x")</script><b>bold</b>'
@@ -86,7 +87,7 @@ def test_a_command_experiments_better_and_worse_are_badged_and_filtered(
     assert ".v-better" in good and ".v-worse" in bad
 
 
-def test_pr_page_shows_hypothesis_report_plot_diff_environment_log_and_related(
+def test_pr_page_shows_each_fact_once_and_the_whole_report_on_its_own_page(
     client: TestClient, tokens: dict[str, str], cycles: CycleFactory, stores: Stores
 ) -> None:
     made = cycles.make(hypothesis=EVIL)
@@ -104,18 +105,70 @@ def test_pr_page_shows_hypothesis_report_plot_diff_environment_log_and_related(
     assert response.status_code == 200
     page = response.text
     assert "script-src 'self'" in response.headers["content-security-policy"]
-    # The hypothesis is text, in the summary and inside the rendered report alike.
+    # The hypothesis is text, and on the page once: the report is a click away, and the diff
+    # leaves out the report's files.
     assert "<script>alert" not in page and "<b>bold</b>" not in page
-    assert page.count("&lt;script&gt;alert") >= 2
+    assert page.count("&lt;script&gt;alert") == 1
     assert "PR #1" in page and "probe: fused loop" in page
-    assert "<h2>Results</h2>" in page and "<table>" in page  # rendered Markdown
-    assert f'src="/dashboard/cycles/{made.cycle_id}/plot.svg"' in page
-    assert f"results/{made.cycle_id}/REPORT.md" in page  # the diff
+    assert page.count("<table>") == 1 and "<td>candidate</td>" in page  # the results table
+    assert page.count(f'src="/dashboard/cycles/{made.cycle_id}/plot.svg"') == 1
+    assert "0.800 [0.750, 0.860]" in page and "95% bootstrap interval" in page
+    assert "Accuracy gate: not reported by the experiment." in page
+    diff = page[page.index('<pre class="diff">') : page.index("</pre>", page.index("diff"))]
+    assert f"results/{made.cycle_id}/REPORT.md, results/{made.cycle_id}/plot.svg" in diff
+    assert "left out of the diff" in diff and "+# " not in diff
     assert "device_name" in page and "2.13.0" in page  # environment
     assert "probe finished" in page  # job log tail
     assert "probe timings vary below 1 ms" in page  # related finding from memory
     assert re.search(r"<fieldset>\s*<legend>", page)  # the form is enabled for a reviewer
     assert 'value="approve"' in page and 'value="reject"' in page and 'name="merge"' in page
+    assert f'href="/dashboard/cycles/{made.cycle_id}/report"' in page
+
+    whole = client.get(f"/dashboard/cycles/{made.cycle_id}/report")
+    assert whole.status_code == 200
+    report = whole.text
+    assert "<h2>Results</h2>" in report and "<h2>Hypothesis</h2>" in report  # REPORT.md
+    assert "<script>alert" not in report and "&lt;script&gt;alert" in report
+    assert f'src="/dashboard/cycles/{made.cycle_id}/plot.svg"' in report
+    assert "script-src 'self'" in whole.headers["content-security-policy"]
+    assert client.get("/dashboard/cycles/4242/report").status_code == 404
+
+
+def test_pr_page_says_where_each_number_came_from_and_where_the_blocks_stopped(
+    client: TestClient, tokens: dict[str, str], cycles: CycleFactory
+) -> None:
+    """A sequential command comparison: the runner's clock and the base commit's evaluator,
+    stopped after 3 of at most 12 blocks, the GPU time of the 9 not run saved; and a
+    self-reported one, flagged as the candidate's own word."""
+    result = stopped_command_result()
+    made = cycles.make(result=result, hypothesis="Wider layers train faster")
+    reported = copy.deepcopy(result)
+    reported["integrity"].update(metric_source="output", self_reported=True, trusted=False)
+    reported["integrity"]["flags"] = ["self-reported: `run_s` was read from the output of code"]
+    reported["trusted"] = reported["headline"]["trusted"] = False
+    own_word = cycles.make(result=reported, hypothesis="Printing helps")
+    login(client, tokens["review"])
+    page = client.get(f"/dashboard/cycles/{made.cycle_id}").text
+    sources = page[page.index('id="sources"') : page.index("</ul>", page.index('id="sources"'))]
+    assert '<code>run_s</code>: <span class="badge trusted">runner clock</span>' in sources
+    assert "check <code>val_loss</code>: " in sources
+    assert '<span class="badge trusted">evaluator at the base commit</span>' in sources
+    assert "untrusted" not in page and 'id="flags"' not in page
+    # The stop line is the report's own, GPU time saved included: 9 blocks x 3 runs x the
+    # median run's time.
+    durations = sorted(run["duration_s"] for run in result["runs"])
+    saved = 3 * 9 * durations[len(durations) // 2]
+    stop = page[page.index('id="stop">') : page.index("</dd>", page.index('id="stop">'))]
+    assert "Blocks: 3 of at most 12, decided: the difference crossed" in stop
+    assert f"9 blocks not run saved about {saved:.3g} GPU s." in stop
+    assert "the stopping rule&#39;s repeated 95% interval" in page
+    assert "Check gate <code>val_loss</code>" in page and "<strong>pass</strong>" in page
+    assert page.count("<table>") == 1 and "<td>baseline A/A</td>" in page  # the arms, once
+
+    flagged = client.get(f"/dashboard/cycles/{own_word.cycle_id}").text
+    assert "self-reported: not a trusted win" in flagged
+    assert '<span class="badge untrusted">self-reported</span>' in flagged
+    assert 'id="flags"' in flagged and "read from the output of code" in flagged
 
 
 def test_plot_is_served_as_svg_with_a_restrictive_policy(
@@ -135,8 +188,10 @@ def test_plot_is_served_as_svg_with_a_restrictive_policy(
         assert "forged" not in plot.text  # the commit's plot, not the directory's
     assert client.get("/dashboard/cycles/999/plot.svg").status_code == 404
     no_pr = client.get(f"/dashboard/cycles/{from_worktree.cycle_id}").text
-    assert "not opened yet" in no_pr and "<h2>Results</h2>" in no_pr
-    assert "Forged" not in no_pr and "written after the commit" not in no_pr
+    assert "not opened yet" in no_pr and "No pull request yet, so no diff" in no_pr
+    report = client.get(f"/dashboard/cycles/{from_worktree.cycle_id}/report").text
+    assert "<h2>Results</h2>" in report
+    assert "Forged" not in report and "written after the commit" not in report
 
 
 def test_approve_validates_findings_and_posts_the_note(
@@ -262,8 +317,9 @@ def test_local_pr_page_shows_the_pull_request_body_as_github_would(
     stores: Stores,
     settings: Settings,
 ) -> None:
-    """The body Publish writes, on the local forge's PR page: verdict, gate, table, the plot
-    (from the dashboard's own route), reproduce line and links; nothing of it as raw HTML."""
+    """The body Publish writes, on the local forge's report page (the review page shows each of
+    its facts once): verdict, gate, table, the plot (from the dashboard's own route), reproduce
+    line and links; nothing of it as raw HTML."""
     made = cycles.make(with_pr=False, hypothesis=EVIL)
     with stores.ops_session() as session:
         cycle = session.get(Cycle, made.cycle_id)
@@ -289,7 +345,8 @@ def test_local_pr_page_shows_the_pull_request_body_as_github_would(
         assert row is not None
         row.pr_number, row.pr_url = pr.number, pr.url
     login(client, tokens["review"])
-    page = client.get(f"/dashboard/cycles/{made.cycle_id}").text
+    assert 'id="pr-body-h"' not in client.get(f"/dashboard/cycles/{made.cycle_id}").text
+    page = client.get(f"/dashboard/cycles/{made.cycle_id}/report").text
     start = page.index('<h2 id="pr-body-h">')
     shown = page[start : page.index("</section>", start)]
     assert "<strong>Verdict: faster</strong>, ratio 0.800 [0.750, 0.860]" in shown
