@@ -283,7 +283,18 @@ def _measure(
     trips = round_trips(app, 20 if args.quick else 50)
 
     t0 = time.monotonic()
-    services.cli("gpu", "worker", "gpu", "--kind", "cpu", "--device", "0", "--loglevel", "WARNING")
+    services.cli(
+        "gpu",
+        "worker",
+        "gpu",
+        "--kind",
+        "cpu",
+        "--device",
+        "0",
+        "--loglevel",
+        "WARNING",
+        "--no-start-checks",  # no API here: the jobs are local, their logs wait in the outbox
+    )
 
     def all_done() -> bool:
         with stores.ops_session() as session:

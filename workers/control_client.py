@@ -64,6 +64,49 @@ def branch_unmoved(settings: Settings, url: str, branch: str, sha: str) -> bool:
     return tip == sha
 
 
+#: What git says when an HTTP remote wants credentials it was not given, or refused them.
+_REFUSED = (
+    "could not read username",
+    "could not read password",
+    "authentication failed",
+    "returned error: 401",
+    "returned error: 403",
+)
+
+
+def fetch_refused_hint(settings: Settings, url: str, detail: str) -> str | None:
+    """What to fix when a fetch of `url` failed for want of credentials (git's `could not read
+    Username for 'http://...'`), naming the setting; None for any other failure.
+
+    The worker token goes only to URLs under this host's AUTOPILOT_CONTROL_URL: a job's
+    repository is `<control URL of the control host>/git/<project>.git`, so the two hosts
+    must agree on that URL, or no token is sent at all."""
+    if not url.startswith(("http://", "https://")) or not any(
+        words in detail.lower() for words in _REFUSED
+    ):
+        return None
+    how = "`autopilot token create --name <this host> --scope worker` on the control host"
+    token = settings.control_token.get_secret_value() if settings.control_token else ""
+    if control_token(settings, url) is not None:
+        return (
+            "the control host refused AUTOPILOT_CONTROL_TOKEN (unknown, revoked, or without "
+            f"scope worker): set a worker token ({how}); `autopilot doctor gpu-host` checks it"
+        )
+    if url.startswith(settings.control_url.rstrip("/") + "/"):
+        return f"AUTOPILOT_CONTROL_TOKEN is not set on this GPU host: set a worker token ({how})"
+    if "/git/" in url and token:
+        return (
+            f"the repository is not under this host's AUTOPILOT_CONTROL_URL "
+            f"({redact_text(settings.control_url)}), so its token was not sent: set "
+            "AUTOPILOT_CONTROL_URL to the base URL the control host names its forge with"
+        )
+    return (
+        "the repository wants credentials this host does not have: give the workers' user "
+        "read access for git (a deploy key or a credential helper), or, for the control host's "
+        "forge, set AUTOPILOT_CONTROL_URL and AUTOPILOT_CONTROL_TOKEN"
+    )
+
+
 class LogUploadFailed(Exception):
     """The control host did not take a job's log. The message names the job, the URL and the
     reason, never the token; `status` is the HTTP status the control host answered, None when

@@ -37,6 +37,7 @@ from workers.launch_settings import LaunchSettingsCache
 from workers.launcher import confine, execstub, runner, runtime, staging
 from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import Spare, SpareSlot
+from workers.lease_gate import GATE, LeaseGate, PastDeadline
 from workers.next_job import NextJob
 from workers.outcomes import OutcomeRecorder, Settle
 from workers.spares import SparePool
@@ -89,6 +90,9 @@ class RunLoop:
     preparer: prepare.Preparer | None = None
     #: Sends finished jobs' logs from the host's outbox (default: this process's sender).
     sender: log_outbox.LogSender | None = None
+    #: Whether a job may be taken now: closed by the worker's shutdown, and past its deadline
+    #: for a job too long for what is left (`lease_gate.py`).
+    gate: LeaseGate = field(default_factory=lambda: GATE)
     #: Clean-ups of the last job (its killed cgroup's removal) kept off the GPU's idle gap:
     #: run once the next job has started, or when the loop ends.
     _after_start: list[Callable[[], None]] = field(default_factory=list)
@@ -102,7 +106,7 @@ class RunLoop:
         sender = self.sender or log_outbox.sender_for(self.stores, self.settings)
         self.pool = SparePool(self.settings, self.me, self.spares)
         self.next = NextJob(
-            self.stores, self.settings, self.me, self.pool, self.pending_cleanup.append
+            self.stores, self.settings, self.me, self.pool, self.pending_cleanup.append, self.gate
         )
         self.recorder = OutcomeRecorder(self.stores, self.settings, self.me.name, sender)
         self.launches = LaunchSettingsCache(self.settings)
@@ -131,8 +135,14 @@ class RunLoop:
                     done = Settle(reserved, self._run_reserved(reserved, finished))
                     ran += 1
                     continue
-                ticket = self.recorder.record(finished, self._lease_next)
+                try:
+                    ticket = self.recorder.record(finished, self._lease_next)
+                except PastDeadline as exc:  # its lease rolled back; `finished` stored alone
+                    log.info("%s", exc)
+                    break
                 if ticket is None:
+                    if self.gate.draining:
+                        break  # shutting down: nothing more is leased, nor prepared for it
                     # Nothing is ready on this host: the GPU is idle anyway, so prepare the
                     # first job in line here now (another host may have prepared it already),
                     # and lease it next, with no doorbell to wake another worker for it.
@@ -151,6 +161,8 @@ class RunLoop:
         return ran
 
     def _lease_next(self, session: Session) -> Ticket | None:
+        if self.gate.draining:
+            return None
         job = jobs.lease_next(
             session,
             self.settings,
@@ -161,6 +173,7 @@ class RunLoop:
         )
         if job is None:
             return None
+        self.gate.check(job.id, job.time_limit_s)  # raises: this transaction rolls back
         jobs.set_current_job(session, self.me.name, job.id)
         return Ticket.of(job)
 

@@ -34,6 +34,7 @@ from app.settings import (
 from workers.launcher import runtime
 
 HTTP_TIMEOUT_S = 5.0
+DEV = Path("/dev")
 BROKER_TIMEOUT_S = 2.0
 # Any project name will do: the forge checks the token before it looks the project up, so a good
 # token gets 404 (200 should the project exist), an unknown one 401 and a wrong scope 403.
@@ -58,6 +59,8 @@ class Check:
     name: str
     ok: bool
     detail: str
+    #: Passes, but says something to fix (a worker's start prints it as a warning).
+    warn: bool = False
 
     def line(self) -> str:
         return f"{'ok' if self.ok else 'FAIL':<4}  {self.name:<14} {self.detail}"
@@ -66,8 +69,9 @@ class Check:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
 
 
-def run_checks(kind: str | None = None) -> list[Check]:
-    """Every check, in the order a host is set up; secrets masked in every line."""
+def run_checks(kind: str | None = None, device: str | None = None) -> list[Check]:
+    """Every check, in the order a host is set up; secrets masked in every line. `device`
+    (a worker's `--device`, e.g. `0,1`) checks its device nodes too."""
     try:
         settings = Settings()
         given = given_settings()
@@ -89,8 +93,44 @@ def run_checks(kind: str | None = None) -> list[Check]:
     checks.append(check_sandbox(settings))
     if kind is not None:
         checks.append(check_kind(settings, kind))
+        if device is not None:
+            checks.append(check_devices(kind, device))
+    return masked(settings, checks)
+
+
+def masked(settings: Settings, checks: list[Check]) -> list[Check]:
     mask: Callable[[str], str] = RedactSecrets(secret_values(settings)).redact
-    return [Check(c.name, c.ok, mask(c.detail)) for c in checks]
+    return [Check(c.name, c.ok, mask(c.detail), c.warn) for c in checks]
+
+
+def check_devices(kind: str, device: str, dev: Path = DEV) -> Check:
+    """The worker's GPUs exist here: `--device N` names `/dev/nvidiaN` (the driver's minor
+    number), the node a sandboxed run is given, and NVIDIA's control node is there."""
+    if kind == "cpu":
+        return Check("devices", True, "a cpu worker: no GPU device")
+    indices = [entry for entry in device.split(",") if entry]
+    if not indices:
+        return Check(
+            "devices", False, f"--device is empty: a {kind} worker needs its GPU index, e.g. 0"
+        )
+    if not (dev / "nvidiactl").exists():
+        return Check(
+            "devices",
+            False,
+            f"--device {device}: no NVIDIA driver here, {dev / 'nvidiactl'} does not exist (is "
+            "the driver loaded, and are the GPUs given to this container or job?)",
+        )
+    missing = [f"{dev}/nvidia{n}" for n in indices if not (dev / f"nvidia{n}").exists()]
+    if missing:
+        present = sorted(p.name for p in dev.glob("nvidia[0-9]*"))
+        return Check(
+            "devices",
+            False,
+            f"--device {device}: {', '.join(missing)} does not exist (present: "
+            f"{', '.join(present) or 'none'}); --device N names /dev/nvidiaN, the driver's "
+            "minor number (`nvidia-smi -q | grep Minor`)",
+        )
+    return Check("devices", True, f"GPU {device}: {', '.join(f'nvidia{n}' for n in indices)}")
 
 
 def check_forbidden(settings: Settings, given: dict[str, str]) -> list[Check]:
@@ -158,7 +198,7 @@ def check_broker(settings: Settings) -> Check:
             return Check(
                 "broker",
                 False,
-                f"{shown} gave no PING answer within {BROKER_TIMEOUT_S:g} s ({_why(exc)}): set "
+                f"{shown} gave no PING answer within {BROKER_TIMEOUT_S:g} s ({reason(exc)}): set "
                 f"{ENV_PREFIX}BROKER_URL to the control host's Redis (with its password) and "
                 "let this host reach its port",
             )
@@ -228,7 +268,7 @@ def check_ops_db(settings: Settings, given: dict[str, str]) -> Check:
         return Check(
             "ops-db",
             False,
-            f"{shown} is not reachable ({_why(exc)}): check {ENV_PREFIX}OPS_URL (host, database, "
+            f"{shown} is not reachable ({reason(exc)}): check {ENV_PREFIX}OPS_URL (host, database, "
             "user, password) and that this host may connect to it",
         )
     heads = ", ".join(schema.heads)
@@ -280,7 +320,7 @@ def check_control(settings: Settings, given: dict[str, str]) -> list[Check]:
                 Check(
                     "control-url",
                     False,
-                    f"{url}/healthz gave no answer ({_why(exc)}): is the API up, and may this "
+                    f"{url}/healthz gave no answer ({reason(exc)}): is the API up, and may this "
                     "host reach it?",
                 ),
                 no_token if not token else _unchecked(),
@@ -298,14 +338,17 @@ def check_control(settings: Settings, given: dict[str, str]) -> list[Check]:
         url_check = Check("control-url", True, f"{url}/healthz answers 200")
         if not token:
             return [url_check, no_token]
-        return [url_check, _check_token(client, url, token)]
+        return [url_check, check_token(client, url, token)]
 
 
 def _unchecked() -> Check:
     return Check("control-token", False, "not checked: it needs a reachable control URL (above)")
 
 
-def _check_token(client: httpx.Client, url: str, token: str) -> Check:
+def check_token(client: httpx.Client, url: str, token: str, *, strict: bool = True) -> Check:
+    """The token against the forge and the REST API. With `strict=False` (a worker's start),
+    a token with more than scope worker passes with a warning: it works, it is only too
+    strong for a host that runs untrusted code."""
     headers = {"Authorization": f"Bearer {token}"}
     probe = f"/git/{PROBE_PROJECT}.git/info/refs"
     rest: httpx.Response | None = None
@@ -315,7 +358,7 @@ def _check_token(client: httpx.Client, url: str, token: str) -> Check:
             # A worker token reads nothing of the REST API; one that does is too strong here.
             rest = client.get("/api/v1/projects", headers=headers)
     except httpx.HTTPError as exc:
-        return Check("control-token", False, f"{url}{probe} gave no answer ({_why(exc)})")
+        return Check("control-token", False, f"{url}{probe} gave no answer ({reason(exc)})")
     status = answer.status_code
     if status == 401:
         return Check(
@@ -340,10 +383,11 @@ def _check_token(client: httpx.Client, url: str, token: str) -> Check:
     if rest is not None and rest.status_code != 403:
         return Check(
             "control-token",
-            False,
+            not strict,
             f"accepted, but it has more than scope worker (it reads /api/v1: "
             f"{rest.status_code}): a GPU host holds a worker-only token; {HOW_TO_GET_ONE}, and "
             "revoke this one",
+            warn=not strict,
         )
     return Check(
         "control-token", True, "accepted with scope worker (fetches the forge, nothing else)"
@@ -384,7 +428,7 @@ def check_runtime(settings: Settings) -> Check:
         runtime.probe_bind(chosen)
         root = os.path.dirname(str(chosen.target))
     except OSError as exc:
-        return Check("runtime-dir", False, f"a socket bind failed ({_why(exc)})")
+        return Check("runtime-dir", False, f"a socket bind failed ({reason(exc)})")
     finally:
         runtime.release_runtime(chosen)
     return Check(
@@ -426,7 +470,7 @@ def check_kind(settings: Settings, kind: str) -> Check:
     return Check("gpu-kind", True, f"{kind}: the workers consume queue gpu.{kind}")
 
 
-def _why(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     """An exception's class and first line, short enough for one line of output."""
     first = (str(exc).strip().splitlines() or [""])[0][:200]
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -15,6 +15,7 @@ from app.settings import Settings
 from workers import prepare
 from workers.launcher import runtime, staging
 from workers.launcher.launch import LaunchError
+from workers.lease_gate import GATE, LeaseGate, PastDeadline
 from workers.spares import SparePool
 from workers.tickets import Ticket, WorkerIdentity
 
@@ -31,10 +32,12 @@ class NextJob:
         me: WorkerIdentity,
         spares: SparePool,
         discard: Callable[[runtime.RuntimeDir], None],
+        gate: LeaseGate = GATE,
     ) -> None:
-        """`discard` takes a runtime dir no job will use, for the loop's batched cleanup."""
+        """`discard` takes a runtime dir no job will use, for the loop's batched cleanup;
+        `gate` says whether the reserved job may still start when its turn comes."""
         self.stores, self.settings, self.me = stores, settings, me
-        self.spares, self.discard = spares, discard
+        self.spares, self.discard, self.gate = spares, discard, gate
         self.reserved: Ticket | None = None
         #: Set by the heartbeat thread when the reservation was lost or cancelled.
         self._lost: int | None = None
@@ -47,11 +50,15 @@ class NextJob:
         ticket, self.reserved = self.reserved, None
         lost, self._lost = self._lost, None
         started = self._staged is not None and self._staged[1].proc is not None
-        if ticket is not None and lost == ticket.job_id and not started:
+        if ticket is None or started:
+            # (lost but already started: recording its start fails, and that kills it)
+            return ticket
+        if lost == ticket.job_id or not self.gate.admits(ticket.time_limit_s):
             self._abandon(self._staged)
             self._staged = None
+            if lost != ticket.job_id:  # the worker drains, or it is too late for this job
+                self._give_back(ticket)
             return None
-        # (lost but already started: recording its start fails, and that kills it)
         return ticket
 
     def release(self) -> None:
@@ -60,11 +67,15 @@ class NextJob:
         self._abandon(staged)
         ticket, self.reserved = self.reserved, None
         if ticket is not None:
-            try:
-                with self.stores.ops_session() as session:
-                    reservations.release(session, ticket.job_id, self.me.name)
-            except Exception:  # the reaper returns it to the queue when its lease lapses
-                log.warning("job %s: reservation not released", ticket.job_id, exc_info=True)
+            self._give_back(ticket)
+
+    def _give_back(self, ticket: Ticket) -> None:
+        """The reserved job waits in its place in the queue again."""
+        try:
+            with self.stores.ops_session() as session:
+                reservations.release(session, ticket.job_id, self.me.name)
+        except Exception:  # the reaper returns it to the queue when its lease lapses
+            log.warning("job %s: reservation not released", ticket.job_id, exc_info=True)
 
     def renew(self, session: Session) -> None:
         """Called by the running job's heartbeat (same transaction): keep the reservation."""
@@ -77,7 +88,7 @@ class NextJob:
     def reserve(self) -> Ticket | None:
         """Reserve the job to run after the current one; None when none fits (a hint: any
         failure leaves the next job to be leased when this one ends)."""
-        if not self.settings.gpu_reserve_next or self.reserved is not None:
+        if not self.settings.gpu_reserve_next or self.reserved is not None or self.gate.draining:
             return self.reserved
         try:
             with self.stores.ops_session() as session:
@@ -89,7 +100,11 @@ class NextJob:
                     device=self.me.device,
                     host=self.me.host,
                 )
+                if job is not None:  # too late already: rolled back, the job stays queued
+                    self.gate.check(job.id, job.time_limit_s)
                 self.reserved = Ticket.of(job, reserved=True) if job is not None else None
+        except PastDeadline as exc:
+            log.info("%s", exc)
         except Exception:
             log.warning("could not reserve the next job", exc_info=True)
         return self.reserved
@@ -114,7 +129,13 @@ class NextJob:
         anything else). That is its exit, or for a job that runs head against base after it,
         the end of those runs (`RunLoop._supervise`): the next job never shares the device
         with a measurement."""
-        if self._staged is not None and self._lost != self._staged[0]:
+        reserved = self.reserved
+        if (
+            self._staged is not None
+            and self._lost != self._staged[0]
+            and reserved is not None
+            and self.gate.admits(reserved.time_limit_s)  # else `take` gives it back
+        ):
             try:
                 self._staged[1].go()
             except LaunchError:  # its run (`run_job`) tries again, cold

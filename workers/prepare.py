@@ -26,6 +26,7 @@ from app import broker
 from app.db import Stores
 from app.errors import AutopilotError
 from app.git import mirror
+from app.git.exceptions import FetchFailed
 from app.git.work import GitWork
 from app.jobs import paths, preparation
 from app.projects import command as command_kind
@@ -353,14 +354,20 @@ def export(settings: Settings, job_id: int, source: _Source, dest: Path | None =
     ):  # held here, and still the branch's tip on the forge: a fetch would bring nothing
         cache = work.mirror_path(source.project)
     else:
-        cache, sha = mirror.fetch_commit(
-            work,
-            source.project,
-            source.repo,
-            source.ref,
-            source.head_sha,
-            extra_env=control_auth(settings, source.repo),
-        )
+        try:
+            cache, sha = mirror.fetch_commit(
+                work,
+                source.project,
+                source.repo,
+                source.ref,
+                source.head_sha,
+                extra_env=control_auth(settings, source.repo),
+            )
+        except FetchFailed as exc:
+            hint = control_client.fetch_refused_hint(settings, source.repo, exc.detail)
+            if hint is None:
+                raise
+            raise FetchFailed(f"{exc.detail}; {hint}") from None
     dest = dest or paths.source_dir(settings, job_id)
     if dest.exists():
         shutil.rmtree(dest)

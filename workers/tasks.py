@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import logging
 
-from celery.signals import worker_shutdown
+from celery.signals import worker_shutdown, worker_shutting_down
 
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
-from workers import gpu, prepare, reaper
+from workers import gpu, lease_gate, prepare, reaper
 from workers.celery_app import RECONCILE_GITHUB, celery
 from workers.launcher import confine, execstub
 from workers.launcher.spare import SpareSlot
@@ -23,6 +23,13 @@ IDENTITY: gpu.WorkerIdentity | None = None
 SPARES = SpareSlot()
 # Its background preparer (made at the first doorbell: the queue is known by then).
 PREPARER: prepare.Preparer | None = None
+
+
+@worker_shutting_down.connect
+def _drain(**_: object) -> None:
+    """SIGTERM (warm shutdown) reached a worker whose task is its loop over the queue: the
+    loop ends with the running job (`lease_gate.py`), instead of leasing the next ones."""
+    lease_gate.GATE.drain()
 
 
 @worker_shutdown.connect

@@ -22,28 +22,41 @@ def worker_gpu(
     kind: Annotated[str, typer.Option(help="GPU kind: its queue is gpu.<kind>")] = "cpu",
     device: Annotated[str, typer.Option(help="GPU index for CUDA_VISIBLE_DEVICES")] = "0",
     loglevel: Annotated[str, typer.Option()] = "INFO",
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            envvar="AUTOPILOT_WORKER_DEADLINE",
+            help="Take no job whose time limit runs past this time (epoch seconds or ISO 8601 "
+            "with its offset): a host lent until then, e.g. a Slurm allocation",
+        ),
+    ] = None,
+    start_checks: Annotated[
+        bool,
+        typer.Option(
+            help="Check the token, the devices and the sandbox first, and refuse to start "
+            "when jobs could not run (--no-start-checks: benchmarks with no API)"
+        ),
+    ] = True,
 ) -> None:
     """Consume gpu.<kind> with concurrency 1, pinned to one device."""
     from app.cli.common import load_settings
+    from workers.lease_gate import GATE, parse_deadline
 
     settings = load_settings()
-    if kind not in settings.gpu_kinds:
-        typer.echo(f"error: unknown GPU kind {kind!r}; configured: {settings.gpu_kinds}", err=True)
-        raise typer.Exit(2)
     if not _DEVICE.match(device):
         typer.echo(f"error: --device {device!r} must be a GPU index like 0 or 0,1", err=True)
         raise typer.Exit(2)
-    if settings.sandbox == "on":
-        from app import sandbox
-
-        if missing := sandbox.check():
-            typer.echo(
-                f"error: experiments cannot run sandboxed on this host: {missing}; "
-                "AUTOPILOT_SANDBOX=off runs them unconfined (only on a host whose every user "
-                "you trust)",
-                err=True,
-            )
-            raise typer.Exit(2)
+    if deadline is not None:
+        try:
+            GATE.deadline = parse_deadline(deadline)
+        except ValueError as exc:
+            typer.echo(f"error: --deadline / AUTOPILOT_WORKER_DEADLINE: {exc}", err=True)
+            raise typer.Exit(2) from None
+    if start_checks:
+        refuse_unless_ready(settings, kind, device)
+    elif kind not in settings.gpu_kinds:
+        typer.echo(f"error: unknown GPU kind {kind!r}; configured: {settings.gpu_kinds}", err=True)
+        raise typer.Exit(2)
     os.environ["CUDA_VISIBLE_DEVICES"] = "" if kind == "cpu" else device
 
     from app.db import Stores
@@ -84,6 +97,19 @@ def worker_gpu(
             loglevel,
         ]
     )
+
+
+def refuse_unless_ready(settings: Settings, kind: str, device: str) -> None:
+    """The start checks (`gpu_start.start_checks`, which `autopilot doctor gpu-host` runs too):
+    exit 2 with one line naming what to fix at the first that fails; warnings go to stderr."""
+    from workers import gpu_start
+
+    for check in gpu_start.start_checks(settings, kind, device):
+        if not check.ok:
+            typer.echo(gpu_start.refusal(check), err=True)
+            raise typer.Exit(2)
+        if check.warn:
+            typer.echo(f"warning: {check.detail}", err=True)
 
 
 @worker_app.command("control")

@@ -170,10 +170,17 @@ def doctor_gpu_host(
     kind: Annotated[
         str | None, typer.Option(help="This host's GPU kind (AUTOPILOT_GPU_KIND): checked too.")
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="With --kind: this host's workers' GPUs (e.g. 0,1): nodes checked too."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
 ) -> None:
-    """Check a GPU host's settings against the real services; exit 0 when all pass, else 1."""
-    checks = gpu_host.run_checks(kind)
+    """Check a GPU host's settings against the real services; exit 0 when all pass, else 1.
+
+    The GPU workers' own start checks are among them: Kubernetes' readiness probe and the Slurm
+    script's preflight run this command (deploy/)."""
+    checks = gpu_host.run_checks(kind, device)
     ok = all(c.ok for c in checks)
     if as_json:
         _echo(json.dumps({"ok": ok, "checks": [c.to_json() for c in checks]}, indent=2))

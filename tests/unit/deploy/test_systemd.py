@@ -15,7 +15,7 @@ from workers.gpu_host import FORBIDDEN
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 UNITS = DEPLOY / "systemd"
 GPU_HOST_ENV = DEPLOY / "gpu-host.env.example"
-# What a GPU host holds (DESIGN.md, "Hosts and boundaries"), and the unit's own variable.
+# What a GPU host holds (docs/design.md, "Hosts and boundaries"), and the unit's own variable.
 GPU_HOST_SETTINGS = {"state_dir", "broker_url", "ops_url", "control_url", "control_token"}
 NAMES = [
     "autopilot-api.service",
