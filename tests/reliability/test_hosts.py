@@ -1,4 +1,4 @@
-"""GPU hosts that share nothing with the control host, on one machine (issue 14, DESIGN.md "Hosts
+"""GPU hosts that share nothing with the control host, on one machine (docs/design.md, "Hosts
 and boundaries"): each GPU worker runs in its own UTS and mount namespace (its own hostname; the
 control host's state dir and the project's repository hidden under an empty tmpfs), with its own
 state dir and only a GPU host's settings. Code reaches it through the API's git endpoint,

@@ -1,6 +1,6 @@
 """Restart Redis mid-cycle: the messages it held are gone (`--save ""`), the cycle completes.
 
-The ops DB is the truth and a Redis message only a doorbell (DESIGN.md, "Recovery"): after the
+The ops DB is the truth and a Redis message only a doorbell (docs/design.md, "Recovery"): after the
 restart the workers reconnect and the reaper rings again what was lost.
 """
 

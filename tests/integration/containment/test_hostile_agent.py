@@ -1,5 +1,5 @@
 """A hostile command agent, end to end (real control and GPU workers, the sandbox on): what it
-tries fails, and its cycle still settles (DESIGN.md, "Hosts and boundaries")."""
+tries fails, and its cycle still settles (docs/design.md, "Hosts and boundaries")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The GitHub token reaches only the configured GitHub host: a remote elsewhere, or a redirect
-from the token's host to another one, never sees it (DESIGN.md, "Hosts and boundaries")."""
+from the token's host to another one, never sees it (docs/design.md, "Hosts and boundaries")."""
 
 from __future__ import annotations
 

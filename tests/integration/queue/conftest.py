@@ -240,7 +240,7 @@ class Workers:
         self, name: str, hostname: str, state_dir: Path, hidden: list[Path], device: str = "0"
     ) -> subprocess.Popen[bytes]:
         """A GPU worker on a GPU host of its own (see `host_argv`): its own state dir and only
-        a GPU host's settings (DESIGN.md, "Hosts and boundaries"); no memory DB, no forge token,
+        a GPU host's settings (docs/design.md, "Hosts and boundaries"); no memory DB, no forge token,
         no session secret. `kill(name)` kills the whole host."""
         if "api" not in self.procs:
             self.start_api()
