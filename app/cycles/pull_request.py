@@ -51,6 +51,11 @@ def _method(headline: dict[str, Any]) -> str:
     )
     if headline.get("kind") == "command":
         source = report_command.SOURCE_WORDS.get(str(headline.get("metric_source") or "output"))
+        sequential = report_command.SEQUENTIAL_INTERVAL
+        if report_command.interval_kind(headline) == sequential:
+            arms = arms.replace(
+                "with a bootstrap 95% CI", f"with {sequential}, blocks stopped when decided"
+            )
         return f"{arms}; the check gate before the metric; the metric from {source}"
     in_process = (
         "paired, interleaved A/B runs; median ratio with a bootstrap 95% CI; A/A noise "
@@ -132,7 +137,7 @@ def _verdict_line(cycle: Cycle) -> str:
     floor = headline.get("noise_floor")
     noise = f"; A/A noise floor {float(floor):.3g}" if isinstance(floor, int | float) else ""
     figures = (
-        f"ratio {interval} (candidate / baseline, 95% bootstrap CI{noise})"
+        f"ratio {interval} (candidate / baseline, {report_command.interval_kind(headline)}{noise})"
         if interval
         else "no ratio"
     )

@@ -31,6 +31,20 @@ _COMMIT = re.compile(r"[0-9a-fA-F]{7,64}")
 _COLOURS = {"baseline": "C0", "baseline_aa": "C7", "candidate": "C1"}
 
 
+#: What the interval of a result is, as reports and pull requests name it: a fixed design's
+#: bootstrap interval, or the stopping rule's, which stays valid however often the rule looked
+#: (docs/design.md, "Sequential verdicts").
+FIXED_INTERVAL = "95% bootstrap CI"
+SEQUENTIAL_INTERVAL = "the stopping rule's repeated 95% interval"
+
+
+def interval_kind(result_or_headline: Mapping[str, Any] | None) -> str:
+    """`FIXED_INTERVAL`, or `SEQUENTIAL_INTERVAL` where the blocks stopped by the rule (the
+    result's or its headline's `stopped`)."""
+    stopped = (result_or_headline or {}).get("stopped")
+    return SEQUENTIAL_INTERVAL if isinstance(stopped, dict) and stopped else FIXED_INTERVAL
+
+
 def is_command(result: Mapping[str, Any]) -> bool:
     return result.get("kind") == KIND
 
@@ -148,7 +162,12 @@ def method_lines(result: Mapping[str, Any]) -> list[str]:
         "each block ran the candidate once and the baseline twice, the second baseline run "
         "pairing with the first as the A/A control that sets the noise floor. The ratio "
         f"candidate / baseline of {code_span(metric)}{better} is the median of the per-block "
-        "ratios, with a 95% bootstrap confidence interval"
+        "ratios, with "
+        + (
+            f"{SEQUENTIAL_INTERVAL} (the blocks stopped when the rule decided)"
+            if interval_kind(result) == SEQUENTIAL_INTERVAL
+            else "a 95% bootstrap confidence interval"
+        )
     )
     text += (
         f"; the check gate on {code_span(check)} is applied before the ratio is judged."
@@ -311,9 +330,9 @@ def results_lines(result: Mapping[str, Any]) -> list[str]:
     metric, _ = _metrics(result)
     interval = _interval(result)
     stopped = _mapping(result.get("stopped"))
-    kind = "95% bootstrap CI"
-    if stopped:
-        kind = "the stopping rule's repeated 95% interval, valid however often it looked"
+    kind = interval_kind(result)
+    if kind == SEQUENTIAL_INTERVAL:
+        kind += ", valid however often it looked"
     lines = [
         f"Ratio candidate/baseline of {code_span(metric)}: **{interval}** ({kind})."
         if interval

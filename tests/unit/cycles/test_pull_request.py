@@ -3,6 +3,7 @@ written from the same report functions as REPORT.md, and rendered as Markdown.""
 
 from __future__ import annotations
 
+import copy
 from html.parser import HTMLParser
 from typing import Any
 
@@ -146,3 +147,33 @@ def test_a_body_still_too_long_is_cut_at_the_limit_with_the_verdict_kept() -> No
     assert body.endswith(
         f"(cut at 800 characters; the whole report is in REPORT.md: {where.report})\n"
     )
+
+
+def test_a_comparison_stopped_by_the_rule_names_its_interval_not_a_bootstrap_ci() -> None:
+    """A sequential verdict's interval is the stopping rule's (valid however often it looked):
+    the PR and REPORT.md must not call it a fixed design's bootstrap CI."""
+    from app.cycles.headline import headline
+    from app.cycles.pull_request import report_context
+    from app.reports.cycle import render_markdown
+
+    fixed_cycle, fixed = command_cycle()
+    assert "95% bootstrap CI" in pr_body(fixed_cycle, PROJECT, fixed, github_links(fixed_cycle))
+
+    result = copy.deepcopy(fixed)
+    result["stopped"] = {
+        "blocks": 5,
+        "decision": "effect",
+        "blocks_saved": 7,
+        "rule": {"max_blocks": 12},
+    }
+    result["headline"] = {**result.get("headline", {}), "kind": "command", "stopped": {"blocks": 5}}
+    cycle = fixed_cycle
+    cycle.headline = headline(result)
+    body = pr_body(cycle, PROJECT, result, github_links(cycle))
+    assert "(candidate / baseline, the stopping rule's repeated 95% interval" in body
+    assert "bootstrap" not in body
+    report = render_markdown(result, report_context(cycle, PROJECT))
+    assert "(the stopping rule's repeated 95% interval, valid however often it looked)" in report
+    assert "Blocks: 5 of at most 12, decided" in report
+    assert "with the stopping rule's repeated 95% interval (the blocks stopped when" in report
+    assert "bootstrap" not in report
