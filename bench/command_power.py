@@ -53,6 +53,7 @@ from app.projects import command as command_kind
 from app.projects.config import Experiment, parse
 from app.settings import Settings
 from workers.command_runs import ArmPlace, Arms
+from workers.evaluator import Evaluator
 
 EFFECT = 1.05
 NAIVE_THRESHOLD = 0.025
@@ -62,6 +63,8 @@ GOAL = {"detection_rate_min": 0.90, "false_positive_rate_max": 0.05, "beats_naiv
 SCRIPT = '''
 """Sums squares in a pure-Python loop, `reps` times; prints their fastest or median time."""
 import argparse
+import json
+import os
 import statistics
 import time
 
@@ -80,22 +83,52 @@ def main():
     parser.add_argument("--reps", type=int, default=301)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--stat", choices=("min", "median"), default="min")
+    parser.add_argument("--out", default=None, help="a JSON file for the last pass's total")
     args = parser.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     n = round(args.n * args.work)
     work(n // 10)  # the loop's first pass, untimed
     times = []
+    total = 0
     for _ in range(args.reps):
         started = clock()
-        work(n)
+        total = work(n)
         times.append(clock() - started)
     best = min(times) if args.stat == "min" else statistics.median(times)
     print(f"{args.reps} reps of {n} steps, {args.stat} time {best * 1000:.4f}ms")
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as out:
+            json.dump({"n": n, "total": total}, out)
 
 
 if __name__ == "__main__":
     main()
 '''
+
+# The hold-out evaluator of `--evaluator on`: a program of the base commit's tree (never the
+# arms'), given the run's artifact read-only. Its quality gate: the sum the run wrote, checked
+# against the closed form (1.0 when right, so any wrong answer fails the 5% tolerance).
+EVALUATOR = """
+import argparse
+import json
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--artifact", required=True)
+args = parser.parse_args()
+with open(args.artifact) as f:
+    written = json.load(f)
+n = written["n"]
+expected = (n - 1) * n * (2 * n - 1) // 6
+print(f"check {1.0 if written['total'] == expected else 2.0:.3f}")
+"""
+EVALUATOR_LINES = """
+evaluator = ["python", "check.py", "--artifact={artifact}"]
+artifacts = ["out/total.json"]
+evaluator_check_pattern = 'check (?P<value>[0-9.]+)'
+check_direction = "lower"
+check_tolerance = 0.05
+"""
 
 CONFIG = """
 [project]
@@ -105,7 +138,7 @@ gpu_kind = "cpu"
 [experiments.loop]
 kind = "command"
 command = ["python", "bench.py", "--work={{work}}", "--n={n}", "--reps={reps}", "--clock={clock}",
-           "--stat={stat}"]
+           "--stat={stat}"{out_arg}]
 metric = "rep_ms"
 {source_lines}
 direction = "lower"
@@ -136,6 +169,9 @@ class Knobs:
     #: candidate: self-reported); "wall", each run's wall time on the runner's clock, outside
     #: the candidate (process start-up included, so the 5% of work is a little less of it).
     metric_source: str = "output"
+    #: "on": each recorded run's artifact is checked by a hold-out evaluator (the quality gate),
+    #: run sandboxed from a tree of its own, as `tiny_train`'s is.
+    evaluator: str = "off"
 
 
 def experiment(knobs: Knobs) -> Experiment:
@@ -144,9 +180,12 @@ def experiment(knobs: Knobs) -> Experiment:
         if knobs.metric_source == "output"
         else f'metric_source = "{knobs.metric_source}"'
     )
+    if knobs.evaluator == "on":
+        source_lines += EVALUATOR_LINES
     fields = asdict(knobs)
-    del fields["metric_source"]
-    text = CONFIG.format(effect=EFFECT, source_lines=source_lines, **fields)
+    del fields["metric_source"], fields["evaluator"]
+    out_arg = ', "--out=out/total.json"' if knobs.evaluator == "on" else ""
+    text = CONFIG.format(effect=EFFECT, source_lines=source_lines, out_arg=out_arg, **fields)
     return parse(text).experiment("loop")
 
 
@@ -182,8 +221,10 @@ def run_trial(
     places: dict[str, ArmPlace],
     candidate: dict[str, Any],
     seed: int,
+    evaluator: Evaluator | None = None,
 ) -> dict[str, Any]:
-    """One command job: its schedule's runs, the raw result, both methods' verdicts."""
+    """One command job: its schedule's runs, the raw result, both methods' verdicts, and what
+    a run cost beside its own time (its evaluation; the fresh tree, reading and logging)."""
     arms = Arms(
         settings,
         job_id,
@@ -191,6 +232,7 @@ def run_trial(
         places,
         {"baseline": dict(exp.defaults), "candidate": candidate},
         command_kind.device_name("cpu"),
+        evaluator=evaluator,
     )
     plan = command_kind.schedule(exp.repeats, exp.warmup_runs, seed)
     load = os.getloadavg()[0]
@@ -201,6 +243,7 @@ def run_trial(
     spec = {**command_spec(exp), "seed": seed}
     judged = judge_command(result, spec)
     naive, naive_ratio = naive_verdict(result)
+    evaluated = [r for r in records if "evaluator_s" in r]
     return {
         "verdict": judged["verdict"],
         "ratio": judged["ratio"],
@@ -212,7 +255,14 @@ def run_trial(
         "wall_s": wall,
         "load": max(load, os.getloadavg()[0]),
         "run_s": statistics.median(r["duration_s"] for r in records),
-        "metric_ms": statistics.median(result["samples"]["baseline"]),
+        "metric": statistics.median(result["samples"]["baseline"]),
+        "evaluator_s": (
+            statistics.median(r["evaluator_s"] for r in evaluated) if evaluated else None
+        ),
+        # Per run, the job's time outside its runs and evaluations: each run's fresh copy of
+        # its arm's tree, its sandbox's set-up before the runner's clock starts, the reading.
+        "outside_s": (wall - sum(r["duration_s"] + r.get("evaluator_s", 0.0) for r in records))
+        / len(records),
     }
 
 
@@ -258,6 +308,12 @@ def parse_args() -> Any:
         default=knobs.metric_source,
         help="the printed time (self-reported) or the runner's clock",
     )
+    parser.add_argument(
+        "--evaluator",
+        choices=("on", "off"),
+        default=knobs.evaluator,
+        help="check each run's artifact with a hold-out evaluator (the quality gate)",
+    )
     parser.add_argument("--seed", type=int, default=2026, help="draws the trials' seeds")
     return parser.parse_args()
 
@@ -273,12 +329,21 @@ def main() -> int:
         args.clock,
         args.stat,
         args.metric_source,
+        args.evaluator,
     )
     exp = experiment(knobs)
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="command-power-"))
     settings = Settings(_env_file=None, state_dir=root / "state", sandbox=args.sandbox)
     places = arm_places(root / "trees")
+    evaluator = None
+    if knobs.evaluator == "on":
+        judge_tree = root / "trees" / "evaluator"
+        judge_tree.mkdir(parents=True)
+        (judge_tree / "check.py").write_text(textwrap.dedent(EVALUATOR).lstrip())
+        evaluator = Evaluator.declared(
+            judge_tree, Path(sys.prefix), "bench-service-venv", None, exp
+        )
     seen: dict[str, list[dict[str, Any]]] = {"effect": [], "null": []}
     started = time.monotonic()
     try:
@@ -289,7 +354,7 @@ def main() -> int:
             for kind, candidate in kinds:
                 job_id += 1
                 seed = rng.randrange(1, 2**31)
-                out = run_trial(settings, job_id, exp, places, candidate, seed)
+                out = run_trial(settings, job_id, exp, places, candidate, seed, evaluator)
                 seen[kind].append(out)
                 if not args.json:
                     print(
@@ -325,7 +390,14 @@ def main() -> int:
         "effect": EFFECT,
         "knobs": asdict(knobs),
         "runs_per_trial": every[0]["runs"],
-        "metric_ms_median": round(statistics.median(t["metric_ms"] for t in every), 3),
+        # The baseline's median metric: ms printed (output), or s on the runner's clock (wall).
+        "metric_median": round(statistics.median(t["metric"] for t in every), 4),
+        "evaluator_s_median": (
+            round(statistics.median(t["evaluator_s"] for t in every), 4)
+            if every[0]["evaluator_s"] is not None
+            else None
+        ),
+        "outside_run_s_median": round(statistics.median(t["outside_s"] for t in every), 4),
         "run_s_median": round(statistics.median(t["run_s"] for t in every), 4),
         "trial_s_median": round(statistics.median(t["wall_s"] for t in every), 2),
         "measured": {

@@ -35,6 +35,7 @@ import shlex
 import shutil
 import stat
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -309,6 +310,7 @@ class Arms:
         try:
             value, check = self._read(outcome, metric_file)
             if self.evaluator is not None and run.role != "warmup" and not self.cancelled():
+                evaluating = time.monotonic()
                 evaluated = evaluate(
                     self.settings,
                     self.job_id,
@@ -321,6 +323,8 @@ class Arms:
                     time_limit_s=experiment.time_limit_s,
                     program=program,
                 )
+                # Its cost beside the run's: a job's time limit counts it, the GPU time too.
+                evaluated["seconds"] = time.monotonic() - evaluating
                 if evaluated.get("value") is not None:
                     value = evaluated["value"]
                 if evaluated.get("check") is not None:
@@ -347,7 +351,11 @@ class Arms:
             "exit_code": outcome.returncode,
             "duration_s": round(outcome.duration_s, 6),
             "log": f"runs/{name}",
-            **({"evaluator_log": evaluated["log"]} if evaluated else {}),
+            **(
+                {"evaluator_log": evaluated["log"], "evaluator_s": round(evaluated["seconds"], 6)}
+                if evaluated
+                else {}
+            ),
         }
 
     def _read(
