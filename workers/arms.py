@@ -231,7 +231,9 @@ class Arms:
             self.argvs = {arm: entry for arm in command_kind.ARMS}
             return
         self.argvs = {
-            arm: command_kind.render(self.experiment.command, self.parameters[arm], self.device)
+            arm: command_kind.render(
+                self.experiment.command, self.parameters[arm], self.device, self.experiment.gpus
+            )
             for arm in command_kind.ARMS
         }
 

@@ -67,6 +67,9 @@ class Ticket(Protocol):
     def experiment(self) -> str: ...
     @property
     def spec(self) -> dict[str, Any]: ...
+    @property
+    def gpus(self) -> int: ...
+    def device_env(self, worker_device: str) -> str | None: ...
 
 
 class WorkerIdentity(Protocol):
@@ -171,7 +174,7 @@ def _arms(
         read_arms(settings, ticket.job_id),
         parameters,
         command_kind.device_name(str(ticket.spec.get("device", "cpu"))),
-        device_env=me.device or None,
+        device_env=ticket.device_env(me.device),
         on_spawn=on_spawn,
         cancelled=lambda: beat.cancelled,
         spec=spec,
@@ -297,7 +300,9 @@ def run_command_job(
         header.insert(0, confine.UNCONFINED_LOG_LINE)
     records, stopped, error = _run_logged(arms, plan, log_path, beat, header, spec)
     # every run's time, a failed one's too: the budgets count GPU time, not verdicts
-    outcome = jobs.JobOutcome(ended=End.FAILED, log_path=str(log_path), gpu_seconds=arms.spent_s)
+    outcome = jobs.JobOutcome(
+        ended=End.FAILED, log_path=str(log_path), gpu_seconds=arms.spent_s * ticket.gpus
+    )
     if beat.cancelled:
         outcome.ended, outcome.error = End.CANCELLED, "cancelled while running; its runs stopped"
     elif error is not None:
@@ -357,7 +362,7 @@ def head_vs_base(
         f"{arms.places['candidate'].commit}: {len(plan)} runs"
     ]
     records, stopped, error = _run_logged(arms, plan, log_path, beat, header, spec)
-    outcome.gpu_seconds += arms.spent_s
+    outcome.gpu_seconds += arms.spent_s * ticket.gpus  # N GPUs held: N x its time
     if beat.cancelled:
         outcome.ended, outcome.error = End.CANCELLED, "cancelled while running; its runs stopped"
         return outcome

@@ -2,16 +2,16 @@
 while the last ran), run it through the launcher, have its outcome recorded, and go straight on
 to the next prepared job without waiting for another doorbell; cleanup is batched after release.
 
-It composes the objects along the loop's seams: the next job (`next_job.py`: reserved at the
-running job's first line and staged), the parked interpreters (`spares.py`), and the outcome
-recorder (`outcomes.py`: the one path that finishes a job and hands its log to the host's
-outbox, `log_outbox.py`). Jobs are prepared before any GPU is theirs (`prepare.py`;
-docs/design.md, "Preparation stays off the GPU's path").
+It composes the loop's seams: the next job (`next_job.py`, reserved at the running job's first
+line and staged), the parked interpreters (`spares.py`), the outcome recorder (`outcomes.py`,
+the one path that finishes a job). Jobs are prepared before any GPU is theirs (`prepare.py`;
+docs/design.md, "Preparation stays off the GPU's path"); a job of several GPUs: `gangs.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -26,12 +26,12 @@ from sqlalchemy.orm import Session
 
 from app.db import Stores
 from app.errors import InvalidInput
-from app.jobs import logs, paths, preparation, reservations
+from app.jobs import gangs, logs, paths, preparation, reservations
 from app.jobs import service as jobs
 from app.jobs.lifecycle import End
 from app.redaction import redact_text
 from app.settings import Settings
-from workers import command_runs, job_trees, log_outbox, prepare
+from workers import command_runs, gang_members, job_trees, log_outbox, prepare
 from workers.heartbeat import Heartbeat
 from workers.launch_settings import LaunchSettingsCache
 from workers.launcher import confine, execstub, runner, runtime, staging
@@ -109,6 +109,7 @@ class RunLoop:
             self.stores, self.settings, self.me, self.pool, self.pending_cleanup.append, self.gate
         )
         self.recorder = OutcomeRecorder(self.stores, self.settings, self.me.name, sender)
+        self.recorder.queue = self.me.queue
         self.launches = LaunchSettingsCache(self.settings)
         confine.configure(self.settings.run_limits)  # every run's cgroup from this worker
 
@@ -143,11 +144,11 @@ class RunLoop:
                 if ticket is None:
                     if self.gate.draining:
                         break  # shutting down: nothing more is leased, nor prepared for it
-                    # Nothing is ready on this host: the GPU is idle anyway, so prepare the
-                    # first job in line here now (another host may have prepared it already),
-                    # and lease it next, with no doorbell to wake another worker for it.
+                    # Nothing this worker may take is ready here: the GPU is idle anyway, so
+                    # prepare the next job in line now and lease it, with no doorbell.
+                    want = prepare.want_ready(self.stores, self.me.queue)
                     if prepare.prepare_ahead(
-                        self.stores, self.settings, self.me.queue, want=1, ring=False
+                        self.stores, self.settings, self.me.queue, want=want, ring=False
                     ):
                         continue
                     break
@@ -170,12 +171,14 @@ class RunLoop:
             worker=self.me.name,
             device=self.me.device,
             host=self.me.host,
+            alive=gang_members.alive,
         )
         if job is None:
             return None
         self.gate.check(job.id, job.time_limit_s)  # raises: this transaction rolls back
         jobs.set_current_job(session, self.me.name, job.id)
-        return Ticket.of(job)
+        devices = gangs.lease_devices(session, job.id) if job.gpus > 1 else None  # its gang's
+        return dataclasses.replace(Ticket.of(job), devices=devices)
 
     def _run_reserved(self, ticket: Ticket, settle: Settle) -> jobs.JobOutcome:
         try:
@@ -295,7 +298,7 @@ class RunLoop:
         log_path: Path,
     ) -> jobs.JobOutcome:
         """Run the job with its log open; its outcome, from what the runner saw."""
-        beat = Heartbeat(self, ticket.job_id)
+        beat = Heartbeat(self, ticket.job_id, gang=ticket.gpus > 1)
         if launch.staged is not None:
             beat.spawned_at = launch.staged.started_wall  # handed over at the last job's exit
         ran: runner.Outcome | jobs.JobOutcome | None = None
@@ -317,7 +320,9 @@ class RunLoop:
                 if ran.limit not in (result.error or ""):
                     result.error = ran.limit + (f"; {result.error}" if result.error else "")
             if result.ended is End.COMPLETED and ticket.spec.get("head_vs_base"):
-                beat = Heartbeat(self, ticket.job_id)  # the code changed: base against head too
+                beat = Heartbeat(
+                    self, ticket.job_id, gang=ticket.gpus > 1
+                )  # the code changed: base against head too
                 result = command_runs.head_vs_base(self.settings, self.me, ticket, result, beat)
             if ticket.spec.get("head_vs_base"):
                 self.next.go()  # the device is free only now (see `_supervise`)
@@ -401,7 +406,7 @@ class RunLoop:
                 self._started(ticket, settle, None, None)
             except jobs.LeaseLost as exc:
                 return jobs.JobOutcome(ended=End.LEASE_LOST, error=str(exc), log_path=str(log_path))
-        beat = Heartbeat(self, ticket.job_id)
+        beat = Heartbeat(self, ticket.job_id, gang=ticket.gpus > 1)
         result = command_runs.run_command_job(
             self.stores, self.settings, self.me, ticket, beat, preparer=self.preparer,
             spares=self.spares,

@@ -19,6 +19,7 @@ from app.db import Stores
 from app.jobs import logs, paths
 from app.jobs import service as jobs
 from app.settings import Settings
+from workers import gang_members
 
 
 class _Named(Protocol):
@@ -44,8 +45,11 @@ log = logging.getLogger(__name__)
 class Heartbeat:
     """Renews the lease while the job runs; kills the job's group when cancellation is asked."""
 
-    def __init__(self, loop: RunLoop, job_id: int) -> None:
+    def __init__(self, loop: RunLoop, job_id: int, *, gang: bool = False) -> None:
         self.loop, self.job_id = loop, job_id
+        #: A job of several GPUs led by this worker: each beat checks its members are up.
+        self.gang = gang
+        self.gang_lost: str | None = None
         self.pgid: int | None = None
         self.spawned_at: float | None = None  # wall clock, set at spawn or hand-over
         self.cancelled = False
@@ -106,6 +110,9 @@ class Heartbeat:
                         ),
                     )
                     self.loop.renew_reservation(session)  # the next job's, if reserved
+                    if self.gang and self.gang_lost is None:
+                        self.gang_lost = gang_members.check(session, self.job_id, self.loop.me.name)
+                        wanted = wanted or self.gang_lost is not None
             except jobs.LeaseLost:
                 wanted = True  # someone else owns it now: stop ours
             except Exception:  # a DB hiccup: keep the job, try again next beat

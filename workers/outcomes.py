@@ -42,8 +42,16 @@ class OutcomeRecorder:
     """Finishes jobs for one worker: `record` stores an outcome together with what the loop does
     next in the same transaction, `record_alone` stores it by itself."""
 
-    def __init__(self, stores: Stores, settings: Settings, worker: str, sender: LogSender) -> None:
+    def __init__(
+        self,
+        stores: Stores,
+        settings: Settings,
+        worker: str,
+        sender: LogSender,
+        queue: str | None = None,
+    ) -> None:
         self.stores, self.settings, self.worker, self.sender = stores, settings, worker, sender
+        self.queue = queue  # the worker's: a gang's members are free for its jobs again
 
     def record(self, done: Settle | None, then: Callable[[Session], T]) -> T:
         """Store `done`'s outcome (if any) and run `then` in one transaction; `then`'s value.
@@ -104,6 +112,19 @@ class OutcomeRecorder:
             else:  # another worker owns the job now: this log is not the job's
                 self.sender.outbox.drop(entry)
         self._ring(finished.cycle_id)
+        if finished.kept and done.ticket.gpus > 1:
+            self._wake_members(done.ticket.gpus - 1)
+
+    def _wake_members(self, count: int) -> None:
+        """A gang job ended and its seated workers are free: a doorbell each for the jobs that
+        wait (the leader goes on by itself)."""
+        if self.queue is None:
+            return
+        try:
+            for _ in range(count):
+                broker.ring_gpu(self.settings, self.queue)
+        except Exception:  # the broker is away: the reaper re-rings jobs left waiting
+            log.warning("doorbells for %s after a gang job not sent", self.queue, exc_info=True)
 
     def _ring(self, cycle_id: int | None) -> None:
         if cycle_id is None:

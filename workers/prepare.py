@@ -29,6 +29,7 @@ from app.git import mirror
 from app.git.exceptions import FetchFailed
 from app.git.work import GitWork
 from app.jobs import paths, preparation
+from app.jobs import service as jobs
 from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects import service as projects
@@ -133,6 +134,18 @@ def prepare_ahead(
                 break
         else:  # none left, or each is being prepared by another worker of this host
             return made
+
+
+def want_ready(stores: Stores, queue: str) -> int:
+    """How many jobs an idle worker that leased nothing wants ready on this host: one; or, when
+    the first ready job is one of several GPUs still waiting for them, one more than are ready
+    (the jobs behind it may backfill, or another worker of the host may hold nothing)."""
+    host = socket.gethostname()
+    with stores.ops_session() as session:
+        first = jobs.first_waiting(session, queue, host)
+        if first is None or first.gpus <= 1:
+            return 1
+        return preparation.ready_on(session, queue, host) + 1
 
 
 @dataclass(frozen=True)

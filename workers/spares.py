@@ -31,7 +31,9 @@ class SparePool:
     ) -> tuple[Spare | None, LaunchSpec]:
         """The job's parked interpreter (if the worker's fits it) and what the runner starts."""
         spare = (
-            self.slot.take(
+            None
+            if ticket.devices is not None  # a gang's job: its own devices, started cold
+            else self.slot.take(
                 venv=ticket.venv,
                 suffix_len=launch_settings.socket_suffix_len,
                 preload=launch_settings.preload,
@@ -54,7 +56,7 @@ class SparePool:
             cwd=Path(ticket.workdir),
             runtime=rt,
             spec=ticket.spec,
-            cuda_visible_devices=self.me.device or None,
+            cuda_visible_devices=ticket.device_env(self.me.device),
             pythonpath=[Path(ticket.workdir)],
             base_env=dict(os.environ),
             requirements_hash=launch_settings.requirements_hash,

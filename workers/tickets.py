@@ -73,6 +73,14 @@ class Ticket:
     #: Reserved while the previous job ran (app/jobs/reservations.py): still `queued` until
     #: it is handed over and `reservations.start_reserved` marks it running.
     reserved: bool = False
+    #: GPUs it runs on; a job of several has its gang's devices here (app/jobs/gangs.py), a
+    #: one-GPU job runs on its worker's (None).
+    gpus: int = 1
+    devices: str | None = None
+
+    def device_env(self, worker_device: str) -> str | None:
+        """CUDA_VISIBLE_DEVICES of its runs: its gang's devices, or its worker's."""
+        return self.devices if self.devices is not None else (worker_device or None)
 
     @classmethod
     def of(
@@ -89,6 +97,7 @@ class Ticket:
             spec=dict(job.spec),
             time_limit_s=job.time_limit_s,
             reserved=reserved,
+            gpus=job.gpus or 1,
         )
 
 
@@ -134,7 +143,7 @@ def job_outcome(
         result=result,
         result_path=result_path,
         log_path=str(log_path),
-        gpu_seconds=outcome.duration_s,
+        gpu_seconds=outcome.duration_s * ticket.gpus,  # N GPUs held: N x its time
         # when the GPU was free: the job's exit, not this bookkeeping after it
         finished_at=(
             datetime.fromtimestamp(outcome.exited_at, UTC)

@@ -57,18 +57,21 @@ def worker_gpu(
     elif kind not in settings.gpu_kinds:
         typer.echo(f"error: unknown GPU kind {kind!r}; configured: {settings.gpu_kinds}", err=True)
         raise typer.Exit(2)
-    os.environ["CUDA_VISIBLE_DEVICES"] = "" if kind == "cpu" else device
+    # A CPU "GPU" worker's device numbers too: what a job of several sees, so its assignment
+    # shows (there are no device nodes to bind on a CPU host).
+    os.environ["CUDA_VISIBLE_DEVICES"] = device
 
     from app.db import Stores
     from app.jobs import service as jobs
     from workers import gpu, log_outbox, tasks
     from workers.celery_app import celery
 
-    me = gpu.WorkerIdentity.for_device(kind, "" if kind == "cpu" else device)
+    me = gpu.WorkerIdentity.for_device(kind, device)
     me.name = f"gpu-{kind}-{device}-{os.getpid()}@{socket.gethostname()}"
     tasks.IDENTITY = me
     with Stores.from_settings(settings).ops_session() as session:
-        jobs.register_worker(session, me.name, kind, device)
+        # Its pid: the leader of a gang job on this host checks its members by it.
+        jobs.register_worker(session, me.name, kind, device, host=me.host, pid=os.getpid())
     # The logs a worker of this host left in its outbox (killed after storing an outcome,
     # before the control host had the log) are sent from now on, off any job's path.
     log_outbox.sender_for(tasks.stores(), settings)

@@ -44,11 +44,14 @@ def check_scope(
     project_id: int | None,
     budget: Budget,
     besides_worker: str | None = None,
+    gpus: int = 1,
 ) -> str | None:
+    """Why a job of `gpus` GPUs may not start in this scope now, or None."""
     if budget.concurrent_gpus is not None:
         active = repo.active_count(session, project_id, besides_worker)
-        if active >= budget.concurrent_gpus:
-            return f"peak budget: {label} uses {active}/{budget.concurrent_gpus} GPUs"
+        if active + gpus > budget.concurrent_gpus:
+            needs = f"; this job needs {gpus}" if gpus > 1 else ""
+            return f"peak budget: {label} uses {active}/{budget.concurrent_gpus} GPUs{needs}"
     if budget.gpu_hours_per_day is not None:
         day_ago = utcnow() - timedelta(days=1)
         used_h = repo.gpu_seconds_since(session, day_ago, project_id) / 3600

@@ -77,15 +77,17 @@ MOVES: tuple[Move, ...] = (
     Move(
         (_L, _R),
         (_Q,),
-        "reaping.reap",
-        "its lease lapsed (the worker stopped heartbeating): given back for another attempt",
+        "reaping.reap, gangs.give_back",
+        "its lease lapsed (the worker stopped heartbeating), or a member of its gang died: "
+        "given back for another attempt",
     ),
     Move((_L, _R), (_S,), "service.finish", "its run completed"),
     Move(
         (_L, _R),
         (_F,),
-        "service.finish, reaping.reap",
-        "its run failed, timed out or never started; or its lease lapsed after its last attempt",
+        "service.finish, reaping.reap, gangs.give_back",
+        "its run failed, timed out or never started; or its lease lapsed (or a member of its "
+        "gang died) after its last attempt",
     ),
     Move(
         (_L, _R),

@@ -35,6 +35,9 @@ class Job(OpsBase):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     time_limit_s: Mapped[float] = mapped_column(Float, default=600.0)
+    # GPUs it runs on, all on one host, leased at once (app/jobs/gangs.py): its lease is the
+    # leader's, the others' are `GangSeat`s.
+    gpus: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # The global order of the original requests: submission time, then id as tie-break.
     order_key: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -130,6 +133,24 @@ class Worker(OpsBase):
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     current_job_id: Mapped[int | None] = mapped_column(Integer)
     last_job_finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Its process on its host: a gang's leader checks its members are alive by it (an idle
+    # worker does not heartbeat).
+    pid: Mapped[int | None] = mapped_column(Integer)
+
+
+class GangSeat(OpsBase):
+    """A GPU of a several-GPU job held by a worker other than the job's leader (who holds the
+    job's `Lease`): taken with the lease in one transaction, gone with it (app/jobs/gangs.py).
+    A seated worker leases nothing else."""
+
+    __tablename__ = "gang_seat"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
+    worker: Mapped[str] = mapped_column(String(255), unique=True)
+    host: Mapped[str] = mapped_column(String(255))
+    device: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class QueueLock(OpsBase):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
-from app.jobs import lifecycle
+from app.jobs import gangs, lifecycle
 from app.jobs import repository as repo
 from app.jobs.lifecycle import FINISHED, JobState
 from app.jobs.service import get
@@ -57,6 +57,7 @@ def reap(session: Session, settings: Settings) -> Reaped:
     for lease in repo.expired_leases(session, now):
         job = get(session, lease.job_id)
         repo.delete(session, lease)
+        gangs.release(session, job.id)  # a gang's members go free with its leader's lease
         if job.state == JobState.QUEUED:  # a reservation (reservations.py): the job never ran
             reaped.requeued.append(job.id)
         elif job.state in FINISHED:  # a reservation whose job was cancelled meanwhile

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs import lifecycle
 from app.jobs.lifecycle import ACTIVE, FINISHED, JobState
-from app.jobs.models import Job, JobPreparation, Lease, QueueLock, Worker
+from app.jobs.models import GangSeat, Job, JobPreparation, Lease, QueueLock, Worker
 
 #: The two moves that race other writers, as conditional UPDATEs (the lifecycle checks them).
 _CLAIM = lifecycle.guarded(JobState.QUEUED, JobState.LEASED)
@@ -22,7 +22,7 @@ def get(session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
-def add(session: Session, row: Job | Lease | Worker | JobPreparation) -> None:
+def add(session: Session, row: Job | Lease | Worker | JobPreparation | GangSeat) -> None:
     session.add(row)
 
 
@@ -180,6 +180,16 @@ def set_wait_reason(
     )
 
 
+def set_job_wait_reason(session: Session, job_id: int, reason: str) -> None:
+    """Show why one waiting job waits (a job of several GPUs, or one held back for it)."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.state == JobState.QUEUED)
+        .values(wait_reason=reason[:255])
+        .execution_options(synchronize_session=False)
+    )
+
+
 def clear_wait_reasons(session: Session, queue: str, keep_projects: Sequence[int] = ()) -> None:
     """A reason that no longer holds is cleared (the job waits only for its turn now)."""
     query = update(Job).where(*_waiting(queue), Job.wait_reason.is_not(None))
@@ -231,7 +241,11 @@ def active_count(
         reserving = reserving.where(Lease.worker != besides_worker)
     busy = session.scalar(select(func.count()).select_from(active.subquery())) or 0
     holding = set(session.scalars(reserving)) - set(session.scalars(active))
-    return busy + len(holding)
+    # A job of several GPUs: its leader is the active job's worker, its members are seated.
+    seated = select(func.count(GangSeat.id)).join(Job, Job.id == GangSeat.job_id)
+    if project_id is not None:
+        seated = seated.where(Job.project_id == project_id)
+    return busy + len(holding) + (session.scalar(seated) or 0)
 
 
 def promote(session: Session, job_id: int, worker: str, now: datetime) -> bool:

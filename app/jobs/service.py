@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound
-from app.jobs import lifecycle
+from app.jobs import gangs, lifecycle
 from app.jobs import repository as repo
 from app.jobs.budgets import budget_scopes, check_scope
 from app.jobs.lifecycle import FINISHED, JobState
@@ -114,6 +114,9 @@ def submit(
         "device": "cpu" if queue == "gpu.cpu" else "cuda",
         "seed": secrets.randbelow(SEED_RANGE) if seed is None else seed,
         "tolerance": declared.tolerance.model_dump(),
+        "gpus": declared.gpus,
+        # The longest the job may hold its GPUs: what a reservation expects of it (gangs.py).
+        "longest_s": declared.longest_job_s,
     }
     if declared.kind == "command":
         spec.update(command_spec(declared))
@@ -133,6 +136,7 @@ def submit(
         state=JobState.QUEUED.value,  # born waiting: a constructor, not a move
         max_attempts=settings.job_max_attempts,
         time_limit_s=declared.time_limit_s,
+        gpus=declared.gpus,
         order_key=now,
         submitted_at=now,
     )
@@ -212,20 +216,28 @@ def lease_next(
     worker: str,
     device: str,
     host: str | None = None,
+    alive: gangs.Alive | None = None,
 ) -> Job | None:
     """Lease the oldest prepared job of `queue` that fits both budgets, in one transaction.
 
     Whatever doorbell woke the worker, it takes the job first in the global submission order;
-    a duplicate doorbell finds nothing and is a no-op.
+    a duplicate doorbell finds nothing. A job of several GPUs comes with its members' seats
+    (`gangs.py`; `alive`: which workers of the host are up). A seated worker takes nothing.
     """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
     now = utcnow()
-    job = choose_next(session, settings, queue=queue, host=host)
+    if gangs.seat_of(session, worker) is not None:
+        session.flush()
+        return None
+    room = gangs.room_on(session, queue=queue, host=host, worker=worker, alive=alive)
+    job = choose_next(session, settings, queue=queue, host=host, room=room)
     if job is None or not repo.claim(session, job.id, worker, now):  # claimed under the lock
         session.flush()
         return None
     repo.refresh(session, job)
+    if job.gpus > 1:
+        device = gangs.take_seats(session, job, room(), host=host, leader_device=device)
     add_lease(session, settings, job, worker=worker, host=host, device=device)
     return job
 
@@ -238,15 +250,18 @@ def choose_next(
     host: str,
     besides_worker: str | None = None,
     ready_before: datetime | None = None,
+    room: gangs.RoomOf | None = None,
 ) -> Job | None:
-    """The oldest job of `queue` prepared on `host` that fits both budgets; the caller holds
-    the leasing lock (`repo.lock_leasing`) and claims it.
+    """The oldest job of `queue` prepared on `host` that fits both budgets and the host's free
+    GPUs; the caller holds the leasing lock (`repo.lock_leasing`) and claims it.
 
     A project over its budget is decided once per call and its jobs are skipped in the query,
     so however many of its jobs wait, the next project's job behind them is chosen; every
     waiting job shows the reason. `besides_worker` (a worker choosing its next job while it
     runs one) does not count that worker's own GPU against the budgets; `ready_before` skips
     jobs whose preparation on `host` finished later.
+
+    Jobs of several GPUs, the host's reservation for them and backfill: `gangs.Line`.
     """
     globally = check_scope(
         session, "global", None, budget_scopes(settings, None)[0][2], besides_worker
@@ -257,7 +272,8 @@ def choose_next(
     blocked: dict[int, str] = {}
     tried: set[int] = set()
     chosen: Job | None = None
-    while chosen is None:
+    line = gangs.Line(host, room)
+    while chosen is None and not line.stopped:
         batch = [
             j
             for j in repo.leasable(
@@ -274,15 +290,21 @@ def choose_next(
             project = projects.find_project_by_id(session, job.project_id)
             assert project is not None
             label, project_id, budget = budget_scopes(settings, project)[0]
-            reason = check_scope(session, label, project_id, budget, besides_worker)
+            reason = check_scope(session, label, project_id, budget, besides_worker, job.gpus)
             if reason is not None:
                 blocked[job.project_id] = reason
+                continue
+            if not line.admits(job):
+                if line.stopped:
+                    break
                 continue
             chosen = job
             break
     for project_id, reason in blocked.items():
         repo.set_wait_reason(session, queue, reason, project_id=project_id)
     repo.clear_wait_reasons(session, queue, keep_projects=list(blocked))
+    for job_id, reason in line.reasons.items():
+        repo.set_job_wait_reason(session, job_id, reason)
     return chosen
 
 
@@ -371,6 +393,7 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
     job = get(session, job_id)
     if job.state in FINISHED:  # cancelled while reserved: that stands, whatever ran meanwhile
         repo.delete(session, lease)
+        gangs.release(session, job_id)
         session.flush()
         return job
     lifecycle.move(
@@ -387,6 +410,7 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
     if outcome.log_tail is not None:
         job.log_tail = outcome.log_tail
     repo.delete(session, lease)
+    gangs.release(session, job_id)
     row = repo.get_worker(session, worker)
     if row is not None:
         row.current_job_id, row.last_job_finished_at = None, outcome.finished_at
@@ -408,7 +432,12 @@ def cancel(session: Session, job_id: int, by: str) -> Job:
 
 
 def register_worker(
-    session: Session, name: str, kind: str, devices: str, host: str | None = None
+    session: Session,
+    name: str,
+    kind: str,
+    devices: str,
+    host: str | None = None,
+    pid: int | None = None,
 ) -> Worker:
     row = repo.get_worker(session, name)
     now = utcnow()
@@ -416,6 +445,7 @@ def register_worker(
         row = Worker(name=name, kind=kind, devices=devices, host=host or socket.gethostname())
         repo.add(session, row)
     row.kind, row.devices, row.last_seen, row.started_at = kind, devices, now, now
+    row.pid = pid
     session.flush()
     return row
 

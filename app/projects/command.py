@@ -33,6 +33,10 @@ _TIME_NAME = re.compile(r"(?:^|_)(?:ms|s|us|ns|sec|secs|seconds|time|latency)$")
 _RATE_NAME = re.compile(r"(?:^|_)per(?:_|$)")  # tokens_per_s: a rate, not a time
 #: What `{device}` becomes: a worker pins one GPU with CUDA_VISIBLE_DEVICES, so it is cuda:0.
 DEVICE_PLACEHOLDER = "device"
+#: What `{gpus}` and `{devices}` become: the job's GPU count, and their CUDA ordinals as the job
+#: sees them (`0,1,...`: CUDA numbers the devices of CUDA_VISIBLE_DEVICES from 0).
+GPUS_PLACEHOLDER, DEVICES_PLACEHOLDER = "gpus", "devices"
+RESERVED_PLACEHOLDERS = (DEVICE_PLACEHOLDER, GPUS_PLACEHOLDER, DEVICES_PLACEHOLDER)
 #: The evaluator's placeholders: the one declared artifact's path, the folder holding them all.
 ARTIFACT_PLACEHOLDER = "artifact"
 ARTIFACTS_PLACEHOLDER = "artifacts"
@@ -67,10 +71,18 @@ def placeholders(argv: Sequence[str]) -> list[str]:
     return found
 
 
-def render(argv: Sequence[str], parameters: Mapping[str, Any], device: str) -> list[str]:
+def render(
+    argv: Sequence[str], parameters: Mapping[str, Any], device: str, gpus: int = 1
+) -> list[str]:
     """The argv with each `{name}` replaced by the parameter's value (`{device}`: the job's
-    device); CommandError names a placeholder that has no value."""
-    values = {**{k: _text(v) for k, v in parameters.items()}, DEVICE_PLACEHOLDER: device}
+    device; `{gpus}`, `{devices}`: its GPUs); CommandError names a placeholder that has no
+    value."""
+    values = {
+        **{k: _text(v) for k, v in parameters.items()},
+        DEVICE_PLACEHOLDER: device,
+        GPUS_PLACEHOLDER: str(gpus),
+        DEVICES_PLACEHOLDER: ",".join(str(i) for i in range(gpus)),
+    }
 
     def fill(match: re.Match[str]) -> str:
         token = match.group(0)
@@ -140,7 +152,7 @@ def check_declaration(self: Declaration) -> None:
         check_pattern(self.check_pattern, "check_pattern")
     _check_evaluator(self)
     for name in placeholders(self.command):
-        if name == DEVICE_PLACEHOLDER:
+        if name in RESERVED_PLACEHOLDERS:
             continue
         if name not in self.parameters:
             raise CommandError(

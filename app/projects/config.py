@@ -64,6 +64,7 @@ class Experiment(BaseModel):
     time_limit_s: float = Field(
         default=600, gt=0, le=7 * 24 * 3600, description="per job (harness) or per run (command)"
     )
+    gpus: int = Field(default=1, ge=1, le=64, description="GPUs of one host, leased at once")
     socket_suffix_len: int = Field(default=40, ge=0, le=100)
     tolerance: Tolerance = Field(default_factory=Tolerance)
     parameters: dict[str, list[Scalar]] = Field(default_factory=dict)

@@ -204,7 +204,10 @@ def policy(
     # Only the run's own GPUs (its CUDA_VISIBLE_DEVICES: the worker's `--device`; none for a
     # guard or a `setup`, which run while another job has the GPU).
     gpus = assigned_gpus(env.get("CUDA_VISIBLE_DEVICES"))
-    if gpus:
+    devices = gpu_binds(gpus, _dev_names() if gpus else ())
+    if any(_GPU_NODE.fullmatch(node.name) for node in devices):
+        # Renumbered as CUDA enumerates the bound nodes; on a host with no GPU node (CPU "GPU"
+        # workers) the numbers stay the worker's own, so a job's assignment shows.
         env["CUDA_VISIBLE_DEVICES"] = visible_inside(gpus)
     links: list[tuple[str, Path]] = []
     home: Path | None = None
@@ -219,7 +222,7 @@ def policy(
         env=env,
         read_only=read_only,
         writable=rw,
-        devices=gpu_binds(gpus, _dev_names() if gpus else ()),
+        devices=devices,
         network=network,
         symlinks=links,
         home=home,

@@ -1,0 +1,57 @@
+"""The queries of gang jobs' seats and of the workers and leases of one host (app/jobs/gangs.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from app.jobs.models import GangSeat, Job, Lease, Worker
+
+
+def seat_of(session: Session, worker: str) -> GangSeat | None:
+    """The gang seat `worker` holds, if any: a seated worker leases nothing else."""
+    return session.scalars(select(GangSeat).where(GangSeat.worker == worker)).one_or_none()
+
+
+def seats(session: Session, job_id: int) -> Sequence[GangSeat]:
+    return session.scalars(select(GangSeat).where(GangSeat.job_id == job_id)).all()
+
+
+def release(session: Session, job_id: int) -> None:
+    """The job's seats go (its lease went, or goes, with them)."""
+    session.execute(
+        delete(GangSeat)
+        .where(GangSeat.job_id == job_id)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def workers_on(session: Session, host: str, kind: str) -> Sequence[Worker]:
+    return session.scalars(select(Worker).where(Worker.host == host, Worker.kind == kind)).all()
+
+
+def workers_named(session: Session, names: Sequence[str]) -> Sequence[Worker]:
+    return session.scalars(select(Worker).where(Worker.name.in_(names))).all()
+
+
+def leases_on(session: Session, host: str) -> list[tuple[str, str, Any, Any, Job]]:
+    """(worker, job state, started_at, leased_at, job) of each lease on `host`."""
+    rows = session.execute(
+        select(Lease.worker, Job.state, Job.started_at, Job.leased_at, Job)
+        .join(Job, Job.id == Lease.job_id)
+        .where(Lease.host == host)
+    ).all()
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+
+def seats_on(session: Session, host: str) -> list[tuple[str, Any, Any, Job]]:
+    """(worker, started_at, leased_at, job) of each gang seat on `host`."""
+    rows = session.execute(
+        select(GangSeat.worker, Job.started_at, Job.leased_at, Job)
+        .join(Job, Job.id == GangSeat.job_id)
+        .where(GangSeat.host == host)
+    ).all()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]

@@ -1,0 +1,256 @@
+"""Jobs of several GPUs on the real stores (app/jobs/gangs.py): all of a gang's GPUs are leased
+in one transaction or none, a seated worker takes nothing else, the first gang in line reserves
+its host against one-GPU jobs except those that end before it can start (backfill), a dead
+member gives the job back, and the reaper frees a dead leader's seats."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from app.db import Stores
+from app.jobs import gangs, reaping
+from app.jobs import repository as repo
+from app.jobs import service as jobs
+from app.jobs.lifecycle import End
+from app.jobs.models import GangSeat, Job
+from app.projects import config as project_config
+from app.projects import service as ops
+from app.settings import Settings
+from tests.integration.queue.test_jobs_service import (
+    expire_lease,
+    make_project,
+    mark_prepared,
+    row,
+)
+
+HOST = socket.gethostname()
+CONFIG = """
+[project]
+name = "{name}"
+gpu_kind = "cpu"
+
+[experiments.one]
+entry = "probe.main"
+time_limit_s = {short}
+
+[experiments.four]
+entry = "probe.main"
+time_limit_s = 600
+gpus = 4
+
+[experiments.two]
+entry = "probe.main"
+time_limit_s = 600
+gpus = 2
+"""
+
+
+class Host:
+    """Four workers of one host, as the ops DB sees them; `down` are not alive."""
+
+    def __init__(self, stores: Stores, n: int = 4) -> None:
+        self.stores = stores
+        self.down: set[str] = set()
+        self.names = [f"w{i}" for i in range(n)]
+        with stores.ops_session() as session:
+            for i, name in enumerate(self.names):
+                jobs.register_worker(session, name, "cpu", str(i), host=HOST, pid=1000 + i)
+
+    def alive(self, worker: Any) -> bool:
+        return worker.name not in self.down
+
+    def lease(self, settings: Settings, worker: str) -> int | None:
+        with self.stores.ops_session() as session:
+            device = worker.removeprefix("w")
+            job = jobs.lease_next(
+                session,
+                settings,
+                queue="gpu.cpu",
+                worker=worker,
+                device=device,
+                host=HOST,
+                alive=self.alive,
+            )
+            return job.id if job else None
+
+    def finish(self, job_id: int, worker: str) -> None:
+        with self.stores.ops_session() as session:
+            jobs.finish(session, job_id, worker, jobs.JobOutcome(ended=End.COMPLETED))
+
+
+def submit(stores: Stores, settings: Settings, experiment: str, short: float = 60) -> int:
+    config = project_config.parse(CONFIG.format(name="alpha", short=short))
+    with stores.ops_session() as session:
+        project = ops.get_project(session, "alpha")
+        job_id = jobs.submit(session, settings, project, config, experiment, {}).id
+    mark_prepared(stores, job_id)
+    return job_id
+
+
+def seats(stores: Stores) -> dict[str, int]:
+    with stores.ops_session() as session:
+        rows = session.query(GangSeat).all()
+        return {seat.worker: seat.job_id for seat in rows}
+
+
+def lease_device(stores: Stores, job_id: int) -> str:
+    with stores.ops_session() as session:
+        return gangs.lease_devices(session, job_id)
+
+
+@pytest.fixture
+def host(stores: Stores) -> Host:
+    make_project(stores, "alpha")
+    return Host(stores)
+
+
+def test_a_gang_takes_all_its_gpus_at_once_or_none(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    busy = submit(stores, settings, "one")
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") == busy
+    # three free workers besides w0's job: the four-GPU job does not fit, and nothing is held
+    assert host.lease(settings, "w1") is None
+    assert seats(stores) == {}
+    assert row(stores, gang).state == "queued"
+    assert "waiting for 4 GPUs" in (row(stores, gang).wait_reason or "")
+    host.finish(busy, "w0")
+    assert host.lease(settings, "w2") == gang
+    assert seats(stores) == {"w0": gang, "w1": gang, "w3": gang}
+    assert lease_device(stores, gang) == "0,1,2,3"
+    assert row(stores, gang).spec["gpus"] == 4
+    # every GPU of the host is busy now: its members take nothing (the leader runs the job),
+    # and the budgets count all four
+    later = submit(stores, settings, "one")
+    for name in ("w0", "w1", "w3"):
+        assert host.lease(settings, name) is None
+    with stores.ops_session() as session:
+        assert repo.active_count(session, None) == 4
+    host.finish(gang, "w2")
+    assert seats(stores) == {}
+    assert host.lease(settings, "w1") == later
+
+
+def test_two_gangs_never_hold_part_of_a_host_each(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    first, second = submit(stores, settings, "four"), submit(stores, settings, "four")
+    assert host.lease(settings, "w3") == first
+    assert all(host.lease(settings, name) is None for name in ("w0", "w1", "w2"))
+    assert row(stores, second).state == "queued"
+    host.finish(first, "w3")
+    assert host.lease(settings, "w0") == second
+    assert set(seats(stores)) == {"w1", "w2", "w3"}
+
+
+def test_a_waiting_gang_reserves_its_host_with_backfill_of_short_jobs(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    running = submit(stores, settings, "one", short=600)  # holds w0 for up to 600 s
+    assert host.lease(settings, "w0") == running
+    gang = submit(stores, settings, "four")
+    long_one = submit(stores, settings, "one", short=3600)
+    short_one = submit(stores, settings, "one", short=30)
+    # w1 skips the long job (it would delay the gang) and backfills the short one
+    assert host.lease(settings, "w1") == short_one
+    assert "reserved for job" in (row(stores, long_one).wait_reason or "")
+    assert row(stores, long_one).state == "queued"
+    host.finish(short_one, "w1")
+    host.finish(running, "w0")
+    # the gang goes first once its GPUs are free, then the long job
+    assert host.lease(settings, "w0") == gang
+    host.finish(gang, "w0")
+    assert host.lease(settings, "w0") == long_one
+
+
+def test_a_host_too_small_never_holds_a_gang(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha")
+    small = Host(stores, n=2)
+    gang = submit(stores, settings, "four")
+    pair = submit(stores, settings, "two")
+    one = submit(stores, settings, "one")
+    assert small.lease(settings, "w0") == pair
+    assert "has 2 of its kind" in (row(stores, gang).wait_reason or "")
+    assert small.lease(settings, "w1") is None  # seated in the pair's gang
+    small.finish(pair, "w0")
+    assert small.lease(settings, "w1") == one
+
+
+def test_a_dead_worker_is_never_seated(stores: Stores, settings: Settings, host: Host) -> None:
+    host.down.add("w1")
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") is None
+    assert "has 3 of its kind" in (row(stores, gang).wait_reason or "")
+    host.down.clear()
+    assert host.lease(settings, "w0") == gang
+
+
+def test_a_dead_member_gives_the_job_back_and_frees_every_gpu(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") == gang
+    with stores.ops_session() as session:
+        assert gangs.lost_members(session, gang, host.alive) == []
+    host.down.add("w2")
+    with stores.ops_session() as session:
+        assert gangs.lost_members(session, gang, host.alive) == ["w2"]
+        assert gangs.give_back(session, gang, "w0", "gang member w2 stopped")
+    job = row(stores, gang)
+    assert (job.state, job.attempts, job.worker) == ("queued", 1, None)
+    assert seats(stores) == {}
+    with stores.ops_session() as session:
+        assert repo.lease_of(session, gang) is None
+        assert repo.active_count(session, None) == 0
+        assert not gangs.give_back(session, gang, "w0", "again")  # no longer w0's
+
+
+def test_the_reaper_frees_a_dead_leaders_seats(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w1") == gang
+    expire_lease(stores, gang)
+    with stores.ops_session() as session:
+        reaped = reaping.reap(session, settings)
+    assert gang in reaped.requeued
+    assert seats(stores) == {}
+    assert row(stores, gang).state == "queued"
+
+
+def test_the_peak_budget_counts_every_gpu_of_a_gang(stores: Stores, settings: Settings) -> None:
+    make_project(stores, "alpha", budget_concurrent_gpus=3)
+    host = Host(stores)
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") is None
+    assert "this job needs 4" in (row(stores, gang).wait_reason or "")
+    with stores.ops_session() as session:
+        session.execute(update(Job).where(Job.id == gang).values(state="cancelled"))
+    pair = submit(stores, settings, "two")
+    assert host.lease(settings, "w0") == pair
+    with stores.ops_session() as session:
+        assert repo.active_count(session, None) == 2
+
+
+def test_a_reserving_worker_never_reserves_a_gang_nor_past_one(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    from app.jobs import reservations
+
+    running = submit(stores, settings, "one")
+    assert host.lease(settings, "w0") == running
+    submit(stores, settings, "four")
+    submit(stores, settings, "one")
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
+    with stores.ops_session() as session:
+        assert (
+            reservations.reserve_next(
+                session, at_once, queue="gpu.cpu", worker="w0", device="0", host=HOST
+            )
+            is None
+        )
