@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.db import Stores
 from app.jobs import reservations
 from app.settings import Settings
-from workers import prepare
+from workers import gang_members, prepare
 from workers.launcher import runtime, staging
 from workers.launcher.launch import LaunchError
 from workers.lease_gate import GATE, LeaseGate, PastDeadline
@@ -99,6 +99,7 @@ class NextJob:
                     worker=self.me.name,
                     device=self.me.device,
                     host=self.me.host,
+                    alive=gang_members.alive,
                 )
                 if job is not None:  # too late already: rolled back, the job stays queued
                     self.gate.check(job.id, job.time_limit_s)

@@ -20,7 +20,7 @@ from app.db import Stores
 from app.errors import AutopilotError
 from app.forge.base import ProjectRef, PullRequest
 from app.forge.local import LocalForge
-from app.jobs import figures, preparation
+from app.jobs import figures, gangs, preparation
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.memory import service as memory
@@ -295,6 +295,8 @@ class QueuePage:
     budgets: list[BudgetRow]
     projects: dict[int, str]
     building: dict[int, str]  # job id -> "building venv: 37 packages, 12 s"
+    #: worker -> the job of several GPUs it is seated in (app/jobs/gangs.py)
+    seats: dict[str, int] = field(default_factory=dict)
 
 
 def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
@@ -316,6 +318,7 @@ def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
             building=preparation.building_venvs(
                 session, [j.id for q in waiting.values() for j in q if j.state == "queued"]
             ),
+            seats=gangs.seated_workers(session),
         )
         session.expunge_all()
     return page

@@ -29,6 +29,11 @@ def release(session: Session, job_id: int) -> None:
     )
 
 
+def seated_workers(session: Session) -> dict[str, int]:
+    """Every seated worker, with the job it is seated in."""
+    return {seat.worker: seat.job_id for seat in session.scalars(select(GangSeat))}
+
+
 def workers_on(session: Session, host: str, kind: str) -> Sequence[Worker]:
     return session.scalars(select(Worker).where(Worker.host == host, Worker.kind == kind)).all()
 

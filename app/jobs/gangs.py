@@ -33,11 +33,19 @@ from app.clock import aware, utcnow
 from app.jobs import gang_repository as gang_repo
 from app.jobs import lifecycle
 from app.jobs import repository as repo
-from app.jobs.gang_repository import release, seat_of
+from app.jobs.gang_repository import release, seat_of, seated_workers
 from app.jobs.lifecycle import ACTIVE, JobState
 from app.jobs.models import GangSeat, Job, Worker
 
-__all__ = ["HostRoom", "give_back", "lost_members", "release", "seat_of", "take_seats"]
+__all__ = [
+    "HostRoom",
+    "give_back",
+    "lost_members",
+    "release",
+    "seat_of",
+    "seated_workers",
+    "take_seats",
+]
 
 #: Whether a worker's process is alive (its host's pid check, `Worker.pid`).
 Alive = Callable[[Worker], bool]

@@ -21,6 +21,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session
 
 from app.clock import utcnow
+from app.jobs import gangs
 from app.jobs import repository as repo
 from app.jobs import service as jobs
 from app.jobs.lifecycle import JobState
@@ -36,6 +37,7 @@ def reserve_next(
     worker: str,
     device: str,
     host: str | None = None,
+    alive: gangs.Alive | None = None,
 ) -> Job | None:
     """Reserve the job that `lease_next` would give `worker` now, budgets counted as if the
     worker's current job had ended (its GPU passes to this one); None when none fits.
@@ -43,10 +45,19 @@ def reserve_next(
     Only a job ready for `gpu_reserve_after_s` is taken: a job an idle worker of the host could
     run is leased by it within its doorbell's latency, so one still waiting after that has no
     idle GPU to go to. (A reservation holds its job until the reserving worker's current job
-    ends: it must never keep a job from an idle GPU.)
+    ends: it must never keep a job from an idle GPU.) With `alive`, nothing is reserved while
+    another worker of the host is idle: the workers of a job of several GPUs that just ended
+    are idle at once, and a job ready long before is theirs, not the busy worker's.
     """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
+    if alive is not None:
+        idle = gangs.HostRoom.of(
+            session, host=host, kind=queue.removeprefix("gpu."), asking=worker, alive=alive
+        )
+        if idle.free:
+            session.flush()
+            return None
     ready_before = utcnow() - timedelta(seconds=settings.gpu_reserve_after_s)
     job = jobs.choose_next(
         session,

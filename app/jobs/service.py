@@ -1,7 +1,6 @@
 """The GPU handoff queue's operations: submit, lease, heartbeat, finish, cancel, and the choice
 of the next job under the two budgets. The ops DB is the truth; a broker message is only a
 doorbell. Each state change goes through `lifecycle.move` (the reaper's, `reaping.py`, too).
-
 Every function here runs inside the caller's transaction and only flushes.
 """
 
@@ -36,8 +35,7 @@ class JobNotFound(NotFound):
 
 
 class JobFinished(Conflict):
-    slug = "job-finished"
-    title = "Job already finished"
+    slug, title = "job-finished", "Job already finished"
 
 
 class TooManyJobs(AutopilotError):
@@ -115,8 +113,7 @@ def submit(
         "seed": secrets.randbelow(SEED_RANGE) if seed is None else seed,
         "tolerance": declared.tolerance.model_dump(),
         "gpus": declared.gpus,
-        # The longest the job may hold its GPUs: what a reservation expects of it (gangs.py).
-        "longest_s": declared.longest_job_s,
+        "longest_s": declared.time_limit_s,  # the longest it holds its GPUs: one run, or...
     }
     if declared.kind == "command":
         spec.update(command_spec(declared))
@@ -125,6 +122,8 @@ def submit(
         # "Experiment kinds"), and the verdict is head against base.
         spec["head_vs_base"] = True
         spec.update(stopping_spec(declared))
+    if declared.kind == "command" or spec.get("head_vs_base"):  # ...every run of both arms
+        spec["longest_s"] = declared.longest_job_s
     now = utcnow()
     job = Job(
         cycle_id=cycle_id,

@@ -151,6 +151,11 @@ def check_declaration(self: Declaration) -> None:
     if self.check_pattern is not None:
         check_pattern(self.check_pattern, "check_pattern")
     _check_evaluator(self)
+    for name in sorted(set(self.parameters) & set(RESERVED_PLACEHOLDERS)):
+        raise CommandError(
+            f"parameter {name!r} has a reserved name: {{{name}}} is the job's own "
+            f"({', '.join('{' + n + '}' for n in RESERVED_PLACEHOLDERS)}); rename the parameter"
+        )
     for name in placeholders(self.command):
         if name in RESERVED_PLACEHOLDERS:
             continue

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from app.dashboard import views
 from app.db import Stores
 from app.jobs import gangs, reaping
 from app.jobs import repository as repo
@@ -124,6 +125,9 @@ def test_a_gang_takes_all_its_gpus_at_once_or_none(
     assert seats(stores) == {"w0": gang, "w1": gang, "w3": gang}
     assert lease_device(stores, gang) == "0,1,2,3"
     assert row(stores, gang).spec["gpus"] == 4
+    # the queue page shows the seats: its members are not idle
+    page = views.gpu_queue(settings, stores)
+    assert page.seats == {"w0": gang, "w1": gang, "w3": gang}
     # every GPU of the host is busy now: its members take nothing (the leader runs the job),
     # and the budgets count all four
     later = submit(stores, settings, "one")
