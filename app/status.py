@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Histogram
+from prometheus_client import values as prometheus_values
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
@@ -29,6 +31,12 @@ from app.settings import Settings
 MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if MULTIPROC_DIR:
     Path(MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
+    # Each process's file is named by its identifier: the pid alone clashes across containers
+    # sharing the folder (every container's first process has the same small pid), so one
+    # container's counts would overwrite another's. Host name and pid are unique per process.
+    prometheus_values.ValueClass = prometheus_values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        lambda: f"{socket.gethostname()}-{os.getpid()}"
+    )
 
 FORGE_ERRORS = Counter(
     "autopilot_forge_errors",

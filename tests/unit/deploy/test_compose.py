@@ -195,6 +195,14 @@ def test_dockerfile_keeps_migrations_and_harness_where_the_code_looks() -> None:
     assert "pip install -e" not in text
 
 
+def test_dockerfile_final_stage_has_the_sandbox() -> None:
+    """The image runs GPU workers too (deploy/kubernetes): without bubblewrap their start checks
+    refuse to start, and no untrusted code may run unconfined by default."""
+    stage = "\n".join(final_stage(DOCKERFILE.read_text(encoding="utf-8")))
+    installs = [line for line in stage.splitlines() if "apt-get install" in line]
+    assert any(re.search(r"\bbubblewrap\b", line) for line in installs), installs
+
+
 def test_dockerignore_keeps_secrets_out_of_the_image() -> None:
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
     assert ".env" in ignored and ".venv" in ignored and ".git" in ignored
