@@ -2,7 +2,8 @@
 base commit) under `jobs/<id>/`, and a busy host would fill its disk with them. What a job
 leaves for people (its log, `result.json`, its runs' logs, `arms.json`) stays; the exports and
 what `setup` wrote into them go once the job has been finished for `job_tree_keep_s`, or once
-its row is gone (a deleted project's jobs).
+its row is gone (a deleted project's jobs). So do the fresh copies a command job's runs ran in
+(`runs/<run>/`, each removed after its run, but left behind by a worker killed mid-run).
 
 One worker of a host sweeps at a time, at most every `SWEEP_EVERY_S` for the host (a lock and a
 stamp file in `jobs/`), in a thread of its own off the GPU's path, and only trees of jobs the
@@ -70,7 +71,7 @@ def sweep(stores: Stores, settings: Settings) -> int:
         with_trees = {
             int(entry.name): entry
             for entry in _folder(settings).iterdir()
-            if entry.name.isdigit() and any((entry / tree).is_dir() for tree in _TREES)
+            if entry.name.isdigit() and _trees_of(entry)
         }
     except FileNotFoundError:
         return 0
@@ -85,14 +86,24 @@ def sweep(stores: Stores, settings: Settings) -> int:
         if job_id in kept:
             continue
         try:
-            for tree in _TREES:
-                _remove(with_trees[job_id] / tree)
+            for tree in _trees_of(with_trees[job_id]):
+                _remove(tree)
             removed += 1
         except OSError:
             log.warning("job %s: its trees could not be removed", job_id, exc_info=True)
     if removed:
         log.info("removed the exported trees of %d finished job(s)", removed)
     return removed
+
+
+def _trees_of(job_folder: Path) -> list[Path]:
+    """The job's exports and the run copies a killed worker left in `runs/` (folders only: the
+    runs' logs are files)."""
+    trees = [job_folder / tree for tree in _TREES if (job_folder / tree).is_dir()]
+    runs = job_folder / "runs"
+    if runs.is_dir():
+        trees += [entry for entry in runs.iterdir() if entry.is_dir() and not entry.is_symlink()]
+    return trees
 
 
 def _folder(settings: Settings) -> Path:

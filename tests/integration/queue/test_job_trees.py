@@ -45,6 +45,8 @@ def _trees(settings: Settings, job_id: int) -> Path:
     (folder / "result.json").write_text("{}\n")
     (folder / "runs").mkdir()
     (folder / "runs" / "001-candidate.log").write_text("ok\n")
+    # The fresh copy a run ran in, left behind by a worker killed mid-run.
+    (folder / "runs" / "002-baseline" / "tree" / "pkg").mkdir(parents=True)
     return folder
 
 
@@ -72,6 +74,7 @@ def test_only_finished_jobs_trees_past_the_keep_time_go(
     for job_id, folder in folders.items():
         gone = job_id in (old_done, old_failed, deleted)
         assert (folder / "src").exists() is not gone and (folder / "base").exists() is not gone
+        assert (folder / "runs" / "002-baseline").exists() is not gone
         # What the job leaves for people stays either way.
         assert (folder / "job.log").read_text() == "run 1/1\n"
         assert (folder / "result.json").exists() and (
