@@ -136,15 +136,18 @@ def prepare_ahead(
             return made
 
 
-def want_ready(stores: Stores, queue: str) -> int:
-    """How many jobs an idle worker that leased nothing wants ready on this host: one; or, when
-    the first ready job is one of several GPUs still waiting for them, one more than are ready
-    (the jobs behind it may backfill, or another worker of the host may hold nothing)."""
+def want_ready(stores: Stores, queue: str, ahead: int | None = None) -> int:
+    """How many jobs this host wants ready: `ahead` (the preparer's, while a GPU runs), or one
+    (an idle worker that leased nothing). A job of several GPUs first in line and still waiting
+    for them is not what the GPUs that free up meanwhile can run: then `ahead` more than it, or
+    one more than are ready (the jobs behind it may backfill)."""
     host = socket.gethostname()
     with stores.ops_session() as session:
         first = jobs.first_waiting(session, queue, host)
         if first is None or first.gpus <= 1:
-            return 1
+            return 1 if ahead is None else ahead
+        if ahead is not None:
+            return ahead + 1
         return preparation.ready_on(session, queue, host) + 1
 
 
@@ -468,8 +471,7 @@ class Preparer:
             if self._closed:
                 return
             try:
-                prepare_ahead(
-                    self.stores, self.settings, self.queue, want=self.settings.prepare_ahead
-                )
+                want = want_ready(self.stores, self.queue, ahead=self.settings.prepare_ahead)
+                prepare_ahead(self.stores, self.settings, self.queue, want=want)
             except Exception:  # a preparation error is recorded per job; this is the DB away
                 log.warning("preparing ahead on %s failed", self.queue, exc_info=True)
