@@ -258,3 +258,30 @@ def test_a_reserving_worker_never_reserves_a_gang_nor_past_one(
             )
             is None
         )
+
+
+def test_a_busy_worker_reserves_nothing_while_a_worker_of_its_host_is_idle(
+    stores: Stores, settings: Settings
+) -> None:
+    from app.jobs import reservations
+
+    make_project(stores, "alpha")
+    host = Host(stores, n=2)
+    running, waiting = submit(stores, settings, "one"), submit(stores, settings, "one")
+    assert host.lease(settings, "w0") == running
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
+
+    def reserve() -> Job | None:
+        with stores.ops_session() as session:
+            return reservations.reserve_next(
+                session, at_once, queue="gpu.cpu", worker="w0", device="0", host=HOST,
+                alive=host.alive,
+            )  # fmt: skip
+
+    # w1 is idle: the waiting job is its to take, not w0's to hold until its job ends
+    assert reserve() is None
+    assert row(stores, waiting).state == "queued"
+    # w1 is gone (or busy): w0 reserves it
+    host.down.add("w1")
+    reserved = reserve()
+    assert reserved is not None and reserved.id == waiting
