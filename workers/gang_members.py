@@ -9,7 +9,7 @@ import os
 
 from sqlalchemy.orm import Session
 
-from app.jobs import gangs
+from app.jobs import gangs, reaping
 from app.jobs.models import Worker
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,6 @@ def check(session: Session, job_id: int, leader: str) -> str | None:
     if not lost:
         return None
     reason = f"gang member {', '.join(lost)} stopped while job {job_id} ran; its GPUs were freed"
-    if gangs.give_back(session, job_id, leader, reason):
+    if reaping.give_back_gang(session, job_id, leader, reason):
         log.warning("job %s: %s; the job is given back for another attempt", job_id, reason)
     return reason

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -42,21 +41,14 @@ def workers_named(session: Session, names: Sequence[str]) -> Sequence[Worker]:
     return session.scalars(select(Worker).where(Worker.name.in_(names))).all()
 
 
-def leases_on(session: Session, host: str) -> list[tuple[str, str, Any, Any, Job]]:
-    """(worker, job state, started_at, leased_at, job) of each lease on `host`."""
-    rows = session.execute(
-        select(Lease.worker, Job.state, Job.started_at, Job.leased_at, Job)
-        .join(Job, Job.id == Lease.job_id)
-        .where(Lease.host == host)
+def holders_on(session: Session, host: str) -> list[tuple[str, Job, bool]]:
+    """(worker, its job, seated) of each lease and gang seat on `host`."""
+    leased = session.execute(
+        select(Lease.worker, Job).join(Job, Job.id == Lease.job_id).where(Lease.host == host)
     ).all()
-    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
-
-
-def seats_on(session: Session, host: str) -> list[tuple[str, Any, Any, Job]]:
-    """(worker, started_at, leased_at, job) of each gang seat on `host`."""
-    rows = session.execute(
-        select(GangSeat.worker, Job.started_at, Job.leased_at, Job)
+    seated = session.execute(
+        select(GangSeat.worker, Job)
         .join(Job, Job.id == GangSeat.job_id)
         .where(GangSeat.host == host)
     ).all()
-    return [(r[0], r[1], r[2], r[3]) for r in rows]
+    return [(w, j, False) for w, j in leased] + [(w, j, True) for w, j in seated]

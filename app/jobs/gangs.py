@@ -16,9 +16,9 @@ with fewer workers of the kind than N never holds it.)
 
 Failure: a seated worker does not heartbeat (it is idle, waiting on its queue), so the leader
 checks on each beat that its members' processes are alive (they are on its host). When one is
-not, the leader kills the job's processes and gives the job back (`give_back`): it is retried
-like a job whose lease lapsed. A dead leader's lease lapses and the reaper does the same; its
-seats go with the lease.
+not, the leader kills the job's processes and gives the job back (`reaping.give_back_gang`):
+it is retried like a job whose lease lapsed. A dead leader's lease lapses and the reaper does
+the same; its seats go with the lease.
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
 from app.jobs import gang_repository as gang_repo
-from app.jobs import lifecycle
 from app.jobs import repository as repo
 from app.jobs.gang_repository import release, seat_of, seated_workers
-from app.jobs.lifecycle import ACTIVE, JobState
+from app.jobs.lifecycle import ACTIVE
 from app.jobs.models import GangSeat, Job, Worker
 
 __all__ = [
     "HostRoom",
-    "give_back",
     "lost_members",
     "release",
     "seat_of",
@@ -52,9 +50,9 @@ Alive = Callable[[Worker], bool]
 
 
 def devices_of(devices: Sequence[str]) -> str:
-    """`CUDA_VISIBLE_DEVICES` for a job on these workers' devices, in device order."""
-    flat = list(dict.fromkeys(d for entry in devices for d in entry.split(",") if d))
-    return ",".join(sorted(flat, key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d)))
+    """`CUDA_VISIBLE_DEVICES` for a job on these workers' devices (GPU indices, as `--device`
+    takes them), in device order."""
+    return ",".join(sorted({d for entry in devices for d in entry.split(",") if d}, key=int))
 
 
 def longest_s(job: Job) -> float:
@@ -69,17 +67,18 @@ def _busy(session: Session, host: str) -> dict[str, datetime | None]:
     plus its time limit; None: unknown, counted as never)."""
     now = utcnow()
     busy: dict[str, datetime | None] = {}
-    for worker, state, started, leased, job in gang_repo.leases_on(session, host):
-        since = aware(started) or aware(leased) or now
-        # A reservation (a queued job's lease) frees its worker only after its current job and
-        # itself: unknown here.
-        end = since + timedelta(seconds=longest_s(job)) if state in ACTIVE else None
+    for worker, job, seated in gang_repo.holders_on(session, host):
+        # A reservation (a queued job's lease, never a seat) frees its worker only after its
+        # current job and itself: unknown here.
+        end = _expected_end(job, now) if seated or job.state in ACTIVE else None
         previous = busy.get(worker, now)
         busy[worker] = None if end is None or previous is None else max(end, previous)
-    for worker, started, leased, job in gang_repo.seats_on(session, host):
-        since = aware(started) or aware(leased) or now
-        busy[worker] = since + timedelta(seconds=longest_s(job))
     return busy
+
+
+def _expected_end(job: Job, now: datetime) -> datetime:
+    since = aware(job.started_at) or aware(job.leased_at) or now
+    return since + timedelta(seconds=longest_s(job))
 
 
 @dataclass
@@ -137,33 +136,6 @@ def lost_members(session: Session, job_id: int, alive: Alive) -> list[str]:
         return []
     rows = {w.name: w for w in gang_repo.workers_named(session, names)}
     return [name for name in names if name not in rows or not alive(rows[name])]
-
-
-def give_back(session: Session, job_id: int, worker: str, reason: str) -> bool:
-    """A member of the job's gang died: the job goes back to its queue (or fails after its last
-    attempt), as if its lease had lapsed; its lease and seats go. False when `worker` no longer
-    holds it."""
-    lease = repo.lease_of(session, job_id)
-    job = repo.get(session, job_id)
-    if lease is None or lease.worker != worker or job is None:
-        return False
-    repo.delete(session, lease)
-    release(session, job_id)
-    if job.state in ACTIVE:
-        if job.attempts >= job.max_attempts:
-            lifecycle.move(
-                job,
-                JobState.FAILED,
-                finished_at=utcnow(),
-                error=f"{reason}; giving up after {job.attempts} attempts",
-            )
-        else:
-            lifecycle.move(job, JobState.QUEUED, worker=None, started_at=None, error=reason)
-            used = repo.preparation(session, job_id, lease.host)
-            if used is not None:  # the export ran once: a retry on this host gets a fresh one
-                repo.delete(session, used)
-    session.flush()
-    return True
 
 
 #: The host's room, read on first use (`service.choose_next` meets a job of several GPUs).

@@ -77,7 +77,7 @@ MOVES: tuple[Move, ...] = (
     Move(
         (_L, _R),
         (_Q,),
-        "reaping.reap, gangs.give_back",
+        "reaping.give_back (the reaper; a gang's leader)",
         "its lease lapsed (the worker stopped heartbeating), or a member of its gang died: "
         "given back for another attempt",
     ),
@@ -85,7 +85,7 @@ MOVES: tuple[Move, ...] = (
     Move(
         (_L, _R),
         (_F,),
-        "service.finish, reaping.reap, gangs.give_back",
+        "service.finish, reaping.give_back",
         "its run failed, timed out or never started; or its lease lapsed (or a member of its "
         "gang died) after its last attempt",
     ),

@@ -13,6 +13,7 @@ from app.clock import aware, utcnow
 from app.jobs import gangs, lifecycle
 from app.jobs import repository as repo
 from app.jobs.lifecycle import FINISHED, JobState
+from app.jobs.models import Job, Lease
 from app.jobs.service import get
 from app.settings import Settings
 
@@ -49,6 +50,45 @@ def doorbell_due(waited_s: float, settings: Settings) -> bool:
     return waited_s - window < settings.reaper_interval_s
 
 
+def give_back(
+    session: Session, job: Job, lease: Lease, failed_error: str, error: str | None = None
+) -> JobState | None:
+    """The job its worker lost (its lease lapsed, or a member of its gang died) goes back to its
+    queue for another attempt, with `error` saying why; or is cancelled, if someone asked; or
+    fails with `failed_error` after its last attempt. Its lease (and seats) go. Its new state;
+    None for a job already finished (a reservation cancelled meanwhile)."""
+    repo.delete(session, lease)
+    if job.gpus > 1:
+        gangs.release(session, job.id)  # its members go free with its leader's lease
+    now = utcnow()
+    if job.state in FINISHED:
+        return None
+    if job.cancel_requested_at is not None:
+        lifecycle.move(job, JobState.CANCELLED, finished_at=now)
+    elif job.attempts >= job.max_attempts:
+        lifecycle.move(job, JobState.FAILED, finished_at=now, error=failed_error)
+    else:
+        lifecycle.move(job, JobState.QUEUED, worker=None, started_at=None, error=error)
+        used = repo.preparation(session, job.id, lease.host)
+        if used is not None:
+            # Its export ran once and is the job's to write: a retry on that host gets a
+            # fresh one (the host prepares the job again before it may lease it).
+            repo.delete(session, used)
+    return JobState(job.state)
+
+
+def give_back_gang(session: Session, job_id: int, leader: str, reason: str) -> bool:
+    """A member of the job's gang died (`gangs.lost_members`): its leader gives the job back as
+    the reaper would; False when `leader` no longer holds it."""
+    lease = repo.lease_of(session, job_id)
+    job = repo.get(session, job_id)
+    if lease is None or lease.worker != leader or job is None:
+        return False
+    give_back(session, job, lease, f"{reason}; giving up after {job.attempts} attempts", reason)
+    session.flush()
+    return True
+
+
 def reap(session: Session, settings: Settings) -> Reaped:
     """Return jobs whose lease lapsed to their queue (or fail them after max attempts), and list
     the doorbells to ring again for jobs that waited too long."""
@@ -56,33 +96,21 @@ def reap(session: Session, settings: Settings) -> Reaped:
     reaped = Reaped()
     for lease in repo.expired_leases(session, now):
         job = get(session, lease.job_id)
-        repo.delete(session, lease)
-        gangs.release(session, job.id)  # a gang's members go free with its leader's lease
         if job.state == JobState.QUEUED:  # a reservation (reservations.py): the job never ran
+            repo.delete(session, lease)
             reaped.requeued.append(job.id)
-        elif job.state in FINISHED:  # a reservation whose job was cancelled meanwhile
             continue
-        elif job.cancel_requested_at is not None:
-            lifecycle.move(job, JobState.CANCELLED, finished_at=now)
-        elif job.attempts >= job.max_attempts:
-            lifecycle.move(
-                job,
-                JobState.FAILED,
-                finished_at=now,
-                error=(
-                    f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
-                    "stopped heartbeating); giving up after max attempts"
-                ),
-            )
-            reaped.failed.append(job.id)
-        else:
-            lifecycle.move(job, JobState.QUEUED, worker=None, started_at=None)
-            used = repo.preparation(session, job.id, lease.host)
-            if used is not None:
-                # Its export ran once and is the job's to write: a retry on that host gets a
-                # fresh one (the host prepares the job again before it may lease it).
-                repo.delete(session, used)
+        given = give_back(
+            session,
+            job,
+            lease,
+            f"lease expired {job.attempts} times (worker {lease.worker} on {lease.host} "
+            "stopped heartbeating); giving up after max attempts",
+        )
+        if given == JobState.QUEUED:
             reaped.requeued.append(job.id)
+        elif given == JobState.FAILED:
+            reaped.failed.append(job.id)
     session.flush()
     stale = repo.stale_before(now, settings.doorbell_stale_s)
     for job in repo.waiting_without_doorbell(session, stale):

@@ -392,7 +392,6 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
     job = get(session, job_id)
     if job.state in FINISHED:  # cancelled while reserved: that stands, whatever ran meanwhile
         repo.delete(session, lease)
-        gangs.release(session, job_id)
         session.flush()
         return job
     lifecycle.move(
@@ -409,7 +408,8 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
     if outcome.log_tail is not None:
         job.log_tail = outcome.log_tail
     repo.delete(session, lease)
-    gangs.release(session, job_id)
+    if job.gpus > 1:  # its members go free with it
+        gangs.release(session, job_id)
     row = repo.get_worker(session, worker)
     if row is not None:
         row.current_job_id, row.last_job_finished_at = None, outcome.finished_at

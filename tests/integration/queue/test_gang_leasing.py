@@ -204,14 +204,14 @@ def test_a_dead_member_gives_the_job_back_and_frees_every_gpu(
     host.down.add("w2")
     with stores.ops_session() as session:
         assert gangs.lost_members(session, gang, host.alive) == ["w2"]
-        assert gangs.give_back(session, gang, "w0", "gang member w2 stopped")
+        assert reaping.give_back_gang(session, gang, "w0", "gang member w2 stopped")
     job = row(stores, gang)
     assert (job.state, job.attempts, job.worker) == ("queued", 1, None)
     assert seats(stores) == {}
     with stores.ops_session() as session:
         assert repo.lease_of(session, gang) is None
         assert repo.active_count(session, None) == 0
-        assert not gangs.give_back(session, gang, "w0", "again")  # no longer w0's
+        assert not reaping.give_back_gang(session, gang, "w0", "again")  # no longer w0's
 
 
 def test_the_reaper_frees_a_dead_leaders_seats(

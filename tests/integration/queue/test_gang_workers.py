@@ -21,10 +21,9 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers
+from tests.integration.queue.test_workers import finished, job, runs
 from tests.reliability.test_hosts import need_namespaces, need_shared_nothing
 from tests.support import wait_for
-
-FINISHED = ("succeeded", "failed", "cancelled")
 
 PROBE = '''
 """Records what it saw: its devices and when it held them, then sleeps."""
@@ -107,19 +106,6 @@ def submit(stores: Stores, workers: Workers, repo: Path, experiment: str, sleep_
     return job_id
 
 
-def job(stores: Stores, job_id: int) -> Job:
-    with stores.ops_session() as session:
-        row = session.get(Job, job_id)
-        assert row is not None
-        session.expunge(row)
-        return row
-
-
-def finished(stores: Stores, job_id: int) -> Job | None:
-    row = job(stores, job_id)
-    return row if row.state in FINISHED else None
-
-
 def worker_of(stores: Stores, name: str) -> Worker:
     with stores.ops_session() as session:
         row = session.query(Worker).filter(Worker.name == name).one()
@@ -130,11 +116,6 @@ def worker_of(stores: Stores, name: str) -> Worker:
 def seated(stores: Stores, job_id: int) -> list[str]:
     with stores.ops_session() as session:
         return [s.worker for s in session.query(GangSeat).filter(GangSeat.job_id == job_id)]
-
-
-def runs(workers: Workers, job_id: int) -> list[str]:
-    path = workers.settings.state_dir.absolute() / "jobs" / str(job_id) / "runs.txt"
-    return path.read_text().split() if path.exists() else []
 
 
 def check_assignments(stores: Stores, done: list[Job], hosts: dict[str, str]) -> None:

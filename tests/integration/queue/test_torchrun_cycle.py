@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from app.jobs.models import GangSeat, Job, Worker
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.conftest import Backend
+from tests.integration.cycles.test_command_cycle import committed
 from tests.integration.queue.conftest import Workers
 from tests.support import bearer, wait_for
 
@@ -49,16 +49,6 @@ def example_repo(root: Path) -> Path:
     actor = git.Actor("t", "t@example.invalid")
     repo.index.commit("an all-reduce across the GPUs of one host", author=actor, committer=actor)
     return repo_dir
-
-
-def committed(workers: Workers, cycle: dict[str, Any], name: str) -> str:
-    bare = workers.settings.state_dir.absolute() / "forge" / f"{PROJECT}.git"
-    return subprocess.run(
-        ["git", "--git-dir", str(bare), "show", f"{cycle['branch']}:results/{cycle['id']}/{name}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
 
 
 def test_a_torchrun_job_of_two_gpus_runs_through_a_cycle_and_is_judged(
@@ -100,10 +90,10 @@ def test_a_torchrun_job_of_two_gpus_runs_through_a_cycle_and_is_judged(
     assert cycle["verdict"] in ("faster", "slower", "inconclusive"), cycle
     assert head["metric"] == "run_s" and head["metric_source"] == "wall", head
     assert head["trusted"] is True, head
-    judged = json.loads(committed(workers, cycle, "result.json"))
+    judged = json.loads(committed(workers, PROJECT, cycle, "result.json"))
     assert judged["verdict"] == cycle["verdict"]
     assert judged["judgement"]["by"] == "control-plane"
-    assert f"**Verdict: {cycle['verdict']}**" in committed(workers, cycle, "REPORT.md")
+    assert f"**Verdict: {cycle['verdict']}**" in committed(workers, PROJECT, cycle, "REPORT.md")
 
     with stores.ops_session() as session:
         job = session.query(Job).filter_by(cycle_id=cycle_id).one()
