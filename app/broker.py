@@ -27,6 +27,7 @@ RUN_JOBS = "autopilot.run_jobs"
 REAP = "autopilot.reap"
 ADVANCE_CYCLE = "autopilot.advance_cycle"
 ADVANCE_CYCLES = "autopilot.advance_cycles"
+ADVANCE_CAMPAIGN = "autopilot.advance_campaign"
 MERGE_CYCLE = "autopilot.merge_cycle"
 SCHEDULE_TICK = "autopilot.schedule_tick"
 
@@ -73,6 +74,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             REAP: {"queue": "control"},
             ADVANCE_CYCLE: {"queue": "control"},
             ADVANCE_CYCLES: {"queue": "control"},
+            ADVANCE_CAMPAIGN: {"queue": "control"},
             MERGE_CYCLE: {"queue": "control"},
             SCHEDULE_TICK: {"queue": "control"},
             # RUN_JOBS is sent to the job's own gpu.<kind> queue explicitly.
@@ -155,6 +157,13 @@ def ring_advance(settings: Settings, cycle_id: int, countdown: float | None = No
         queue="control",
         expires=DOORBELL_EXPIRES_S,
         countdown=countdown,
+    )
+
+
+def ring_campaign(settings: Settings, campaign_id: int) -> None:
+    """Ring a campaign's driver (`app/cycles/campaigns/driver.py`): one of its cycles settled."""
+    client(settings).send_task(
+        ADVANCE_CAMPAIGN, args=[campaign_id], queue="control", expires=DOORBELL_EXPIRES_S
     )
 
 

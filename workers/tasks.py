@@ -84,6 +84,13 @@ def advance_cycles(cycle_ids: list[int]) -> list[int]:
     return cycle_ids
 
 
+@celery.task(name=broker.ADVANCE_CAMPAIGN)
+def advance_campaign(campaign_id: int) -> str:
+    from app.cycles.campaigns.driver import Driver
+
+    return Driver(stores(), get_settings()).advance(campaign_id)
+
+
 @celery.task(name=broker.MERGE_CYCLE)
 def merge_cycle(cycle_id: int) -> str:
     from app.cycles.machine import Machine

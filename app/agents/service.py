@@ -47,6 +47,13 @@ class Context:
     # space it walked before with a set lookup a point (`grid.py`).
     covered: AbstractSet[str] = frozenset()
     fingerprint: grid.Fingerprint | None = None
+    # A campaign's step (docs/design.md, "Research lines"): the line's steps so far, newest
+    # first ({"cycle_id", "hypothesis", "outcome", "reason", "why", "ratio", "ci_low",
+    # "ci_high", "commit"}), and the hypotheses of the steps running beside it from the same
+    # tip (propose something else).
+    line: list[dict[str, Any]] | None = None
+    parallel_hypotheses: list[str] = field(default_factory=list)
+    cycle_id: int | None = None  # the cycle being planned
 
 
 @dataclass
@@ -335,10 +342,13 @@ def _prompt(context: Context) -> str:
 def _context_json(context: Context) -> dict[str, Any]:
     return {
         "project": context.project,
+        "cycle_id": context.cycle_id,
         "device_kind": context.device_kind,
         "goal": context.config.agent.goal,
         "config": context.config.model_dump(),
         "related_findings": context.related,
         "recent_cycles": context.recent,
         "judged_points": context.judged,
+        "line": context.line,
+        "parallel_hypotheses": context.parallel_hypotheses,
     }

@@ -14,6 +14,7 @@ from app.api import health, openapi, problems
 from app.api.limits import GIT_REQUEST_BYTES, IMPORT_FORM_BYTES, BodySizeLimit
 from app.api.metrics import metrics_router
 from app.api.request_metrics import RequestMetrics
+from app.cycles.campaigns.router import router as campaigns_router
 from app.cycles.router import autopilot_router
 from app.cycles.router import router as cycles_router
 from app.dashboard.router import dashboard_router
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None, stores: Stores | None = None) -
     api.include_router(projects_router)
     api.include_router(memory_router)
     api.include_router(jobs_router)
+    api.include_router(campaigns_router)
     api.include_router(autopilot_router)
     api.include_router(webhooks_router)  # GitHub's deliveries: signed, no bearer token
     app.include_router(api)

@@ -58,6 +58,7 @@ def build_context(
         is_covered=covered,
         covered=known,
         fingerprint=fingerprint,
+        cycle_id=exclude_cycle or None,
     )
 
 

@@ -63,6 +63,12 @@ MOVES: tuple[Move, ...] = (
     Move(("queued", "running"), ("cancelled",), "WaitForJob", "its job was cancelled"),
     Move(("queued", "running"), ("failed",), "WaitForJob", "its job failed, or is missing"),
     Move(("analyzing",), ("committing",), "Analyze", "the control plane judged its result"),
+    Move(
+        ("analyzing",),
+        ("judged",),
+        "Analyze",
+        "a campaign's cycle is judged: its campaign keeps or discards it, no PR of its own",
+    ),
     Move(("analyzing",), ("failed",), "Analyze", "its result is missing or cannot be judged"),
     Move(("committing",), ("publishing",), "Commit", "the judged result is committed"),
     Move(

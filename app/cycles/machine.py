@@ -24,6 +24,7 @@ from app import broker, db
 from app.cycles import lifecycle, notices, repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.models import CycleStep
+from app.cycles.states import SETTLED
 from app.cycles.steps import BY_STATE, Step
 from app.db import Stores
 from app.errors import AutopilotError
@@ -51,6 +52,8 @@ class Machine:
                 if step is None or attempt is None:
                     if state != first:
                         notices.announce(self.stores, self.settings, cycle_id, state)
+                        if state in SETTLED:
+                            self._ring_campaign(cycle_id)
                     return state
                 try:
                     try:
@@ -111,6 +114,13 @@ class Machine:
         with open(folder / f"{cycle_id}.lock", "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
+
+    def _ring_campaign(self, cycle_id: int) -> None:
+        """A campaign's cycle settled: its campaign decides what comes next."""
+        with self.stores.ops_session() as session:
+            campaign_id = repository.campaign_of(session, cycle_id)
+        if campaign_id is not None:
+            broker.ring_campaign(self.settings, campaign_id)
 
     def _end(self, step: CycleStep, status: str, detail: str | None) -> None:
         with self.stores.ops_session() as session:

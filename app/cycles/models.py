@@ -47,6 +47,12 @@ class Cycle(OpsBase):
     # The LLM agent's exchange: [{attempt, request, reply, usage, error}], for the reviewer.
     agent_exchange: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
+    # A campaign's cycle (docs/design.md, "Research lines"): its role there (a `step` an agent
+    # proposes at the line's tip, the `confirmation` of one, or the campaign's `final`
+    # measurement of its tip against its start) and, for the last two, the commit it runs.
+    campaign_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    role: Mapped[str | None] = mapped_column(String(16))
+    candidate_sha: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

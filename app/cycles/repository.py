@@ -244,6 +244,11 @@ def steps(session: Session, cycle_id: int) -> Sequence[CycleStep]:
     ).all()
 
 
+def campaign_of(session: Session, cycle_id: int) -> int | None:
+    """The campaign the cycle is a part of, if any."""
+    return session.scalars(select(Cycle.campaign_id).where(Cycle.id == cycle_id)).first()
+
+
 def state_of(session: Session, cycle_id: int) -> str | None:
     """The cycle's state alone (one column, no object: the machine reads it before each step);
     None for no such cycle (an id past the 32-bit column names none: PostgreSQL would raise)."""

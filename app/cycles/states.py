@@ -1,7 +1,8 @@
 """The states of a cycle, grouped once; everyone who asks "is it over?" imports them from here.
 
 planned → preparing → queued → running → analyzing → committing → publishing → awaiting_review
-→ approved | rejected; other ends: skipped_repeat, deferred_budget, failed, cancelled. The moves
+→ approved | rejected; other ends: skipped_repeat, deferred_budget, failed, cancelled. A
+campaign's cycle ends `judged` after analyzing: its campaign, not a reviewer, takes it on. The moves
 allowed between them, and the one function that makes them, are `lifecycle.py`'s.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-TERMINAL = ("approved", "rejected", "skipped_repeat", "failed", "cancelled")
+TERMINAL = ("approved", "rejected", "judged", "skipped_repeat", "failed", "cancelled")
 WAITING = ("awaiting_review", "deferred_budget")
 # Where a follower (the CLI, the demo) stops watching: an end, or a wait on a person or budget.
 SETTLED = (*TERMINAL, *WAITING)
@@ -34,6 +35,7 @@ CycleState = Literal[
     "deferred_budget",
     "approved",
     "rejected",
+    "judged",
     "skipped_repeat",
     "failed",
     "cancelled",

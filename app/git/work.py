@@ -264,6 +264,21 @@ class GitWork:
         """What `head` changes from the base, as content (`protected.change_id`)."""
         return protected.change_id(lambda a: self.git.run(a, branch.mirror), branch.base_sha, head)
 
+    def move_branch(self, branch: CycleBranch, sha: str, *, after: str | None = None) -> None:
+        """Point the branch at `sha`, a commit of the mirror that descends from `after` (the
+        branch's base by default): a campaign's confirmation runs a step's candidate, and its
+        line fast-forwards to a kept one. Anything else is refused (InvalidRef)."""
+        check_sha(sha)
+        since = after or branch.base_sha
+        if not self.git.ok(["merge-base", "--is-ancestor", since, sha], branch.mirror):
+            raise InvalidRef(
+                f"commit {sha[:12]} does not descend from {since[:12]}: branch "
+                f"{branch.branch} only moves forward"
+            )
+        with repo_lock(branch.mirror):
+            self.git.run(["update-ref", branch.ref, sha], branch.mirror)
+        self._at(branch, sha)
+
     def reset_to_base(self, branch: CycleBranch) -> None:
         """Drop whatever an earlier (crashed) agent run left on the branch."""
         with repo_lock(branch.mirror):

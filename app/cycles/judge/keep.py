@@ -1,4 +1,4 @@
-"""The keep rule of a research line (docs/design.md, "Research lines (planned)";
+"""The keep rule of a research line (docs/design.md, "Research lines";
 docs/experiments.md, "Keeping a step of a research line: error control over a campaign").
 
 A campaign's step is a cycle started at the line's tip. Its candidate is **kept** (the line

@@ -1,5 +1,5 @@
-"""analyzing → committing: the control plane judges the result (docs/design.md, "Accuracy
-gates before speed" and "The code under test never judges itself").
+"""analyzing → committing (a campaign's cycle: judged): the control plane judges the result
+(docs/design.md, "Accuracy gates before speed" and "The code under test never judges itself").
 
 The verdict and headline stored on the cycle are the ones `judge.py` computed from the raw
 samples, accuracy figures and the job's spec, never the experiment's own; a result that cannot
@@ -21,7 +21,7 @@ from app.jobs import service as jobs
 
 class Analyze(Step):
     FROM_STATES = ("analyzing",)
-    TO_STATES = ("committing", "failed")
+    TO_STATES = ("committing", "judged", "failed")
 
     def run(self, cycle_id: int) -> bool:
         # One session: judging is a pure computation (no git, forge or subprocess).
@@ -36,7 +36,11 @@ class Analyze(Step):
                 return True
             cycle.verdict = str(judged["verdict"])
             cycle.headline = headline(judged)
-            repository.set_state(session, cycle, "committing")
+            # A campaign's cycle ends here: its campaign keeps or discards the candidate, and
+            # the line's one pull request carries what was kept (docs/design.md, "Research lines").
+            repository.set_state(
+                session, cycle, "judged" if cycle.campaign_id is not None else "committing"
+            )
         return True
 
 

@@ -17,6 +17,8 @@ from app.agents.llm import LLMAgent
 from app.agents.workspace import Workspace
 from app.clock import utcnow
 from app.cycles import agent_context, repository, service
+from app.cycles.campaigns import context as campaign_context
+from app.cycles.campaigns.context import FIXED_ROLES
 from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.forge import service as forge_service
@@ -40,6 +42,12 @@ class Plan(Step):
             ref = ProjectRef.of(project)
             gpu_kind, requested = project.gpu_kind, (cycle.experiment, cycle.parameters)
             agent_name, changed = cycle.agent, cycle.changed_hypothesis
+            # A campaign's cycle starts at its line's tip (recorded when it was made); its
+            # confirmation and final measurement run a commit already made (docs/design.md,
+            # "Research lines").
+            campaign_id, line_tip = cycle.campaign_id, cycle.base_sha
+            fixed = cycle.role in FIXED_ROLES
+            preset = cycle.hypothesis
             blocked = budgets.blocked_by_budget(session, self.settings, project)
         if blocked:
             with self.stores.ops_session() as session:
@@ -48,7 +56,13 @@ class Plan(Step):
             return True
         forge = forge_service.forge_for(self.settings, self.stores)
         try:
-            base_sha, config = forge_service.config_at_base(self.git(), forge, ref)
+            if campaign_id is not None and line_tip is not None:
+                base_sha = line_tip
+                config = forge_service.config_at_commit(
+                    self.git(), ref.name, base_sha, ref.default_branch
+                )
+            else:
+                base_sha, config = forge_service.config_at_base(self.git(), forge, ref)
         except FetchFailed as exc:
             raise Transient(exc.detail) from exc
         over = self._over_token_budget(cycle_id, config)
@@ -63,7 +77,15 @@ class Plan(Step):
         # for the milliseconds that takes. An agent that works for minutes is not serialised.
         serialise = kind == "sweep" and not requested[0]
         with self._project_lock(ref.name) if serialise else contextlib.nullcontext():
-            if requested[0]:
+            if fixed:
+                experiment = config.experiment(str(requested[0]))
+                proposal = agents.Proposal(
+                    hypothesis=preset or f"{requested[0]} on {gpu_kind}",
+                    experiment=str(requested[0]),
+                    parameters=experiment.check_parameters(dict(requested[1] or {})),
+                    changes="a campaign's candidate, run again: no agent",
+                )
+            elif requested[0]:
                 experiment = config.experiment(requested[0])
                 params = experiment.check_parameters(dict(requested[1] or {}))
                 proposal = agents.Proposal(
@@ -74,6 +96,8 @@ class Plan(Step):
                 )
             else:
                 context = agent_context.build_context(self.stores, project, config, cycle_id)
+                if campaign_id is not None:
+                    campaign_context.add_line(self.stores, context, campaign_id, cycle_id)
                 agent = self._agent(cycle_id, kind, config, base_sha)
                 try:
                     found = agent.propose(context)
@@ -90,9 +114,11 @@ class Plan(Step):
             fp = memory.fingerprint(
                 ref.name, proposal.experiment, proposal.parameters, gpu_kind, proposal.change_id
             )
-            with self.stores.memory_session() as msession:
-                repeat = memory.check_repeat(msession, fp)
-                repeat_id = repeat.verdict.id if repeat else None
+            repeat_id = None
+            if not fixed:  # a confirmation repeats its step on purpose: fresh blocks and seed
+                with self.stores.memory_session() as msession:
+                    repeat = memory.check_repeat(msession, fp)
+                    repeat_id = repeat.verdict.id if repeat else None
             with self.stores.ops_session() as session:
                 cycle = service.get(session, cycle_id)
                 cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from app import broker
 from app.cycles import repository, service
+from app.cycles.campaigns.context import FIXED_ROLES
 from app.cycles.exceptions import Transient
 from app.cycles.steps.base import Step
 from app.errors import Unavailable
@@ -24,6 +25,9 @@ class Prepare(Step):
         git = self.git()
         try:
             branch = self.branch(cycle, ref, forge)
+            if cycle.role in FIXED_ROLES and cycle.candidate_sha:
+                # A campaign's confirmation or final measurement: the commit it runs is made.
+                git.move_branch(branch, cycle.candidate_sha)
             # Code travels as a commit: the branch's tip (the agent's commits, taken and checked
             # in the plan step, or the base) is on the forge before any host fetches it. The
             # base alone (a sweep's point) is there already: the forge just names it, if it can.
@@ -43,6 +47,7 @@ class Prepare(Step):
         with self.stores.ops_session() as session:
             cycle = service.get(session, cycle_id)
             cycle.branch, cycle.base_sha = branch.branch, branch.base_sha
+            cycle.candidate_sha = head  # what a campaign keeps, if it keeps this cycle's
             if jobs.for_cycle(session, cycle_id) is None:  # not made before a crash
                 job = jobs.submit(
                     session,

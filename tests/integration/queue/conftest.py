@@ -172,14 +172,17 @@ class Workers:
         *args: str,
         env: dict[str, str] | None = None,
         exit_after_step: str | None = None,
+        faults: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
         """A worker process (`autopilot-worker <args>`); with `exit_after_step`, one that dies
-        hard right after a cycle step commits (`tests/faults.py`)."""
+        hard right after a cycle step commits, and with `faults`, those of `tests/faults.py`."""
         if args and args[0] == "gpu" and "api" not in self.procs:
             self.start_api()  # GPU hosts fetch each job's commit from the API's git endpoint
         argv = ["worker", *args, "--loglevel", "WARNING"]
         if exit_after_step is not None:
-            return self._spawn(name, argv, env, faults=["--exit-after-step", exit_after_step])
+            faults = [*(faults or []), "--exit-after-step", exit_after_step]
+        if faults:
+            return self._spawn(name, argv, env, faults=faults)
         return self._spawn(name, argv, env)
 
     def start_api(self) -> None:

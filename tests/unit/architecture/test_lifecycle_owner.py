@@ -12,6 +12,7 @@ OWNERS = {"app/jobs/lifecycle.py", "app/cycles/lifecycle.py"}
 OTHERS = {
     ("app/jobs/preparation.py", "row.state"): "a host's preparation of a job (JobPreparation)",
     ("app/forge/local.py", "row.state"): "a pull request of the local forge",
+    ("app/cycles/campaigns/driver.py", "campaign.state"): "a campaign, through driver._move",
 }
 
 

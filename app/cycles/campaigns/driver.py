@@ -1,0 +1,487 @@
+"""What moves a campaign (docs/design.md, "Research lines"): `advance(campaign_id)` makes the
+next move its records allow, and again, until it waits on its cycles or ends.
+
+    running:   make the line (once) -> a round of `parallel` step cycles at the tip
+               -> each step judged: discarded, or a confirmation cycle (fresh seed, same tip)
+               -> confirmed steps of the round: the best advances the line, the others are
+                  superseded -> the next round, or finishing when a limit is reached
+    finishing: the final cycle (the tip against the start) -> cumulative result -> one PR
+               -> finished (or stopped, when a person asked)
+
+It is idempotent, like the cycle machine: every move is recorded in the ops DB in the same
+transaction as the rows it makes, and git and the forge are asked only what is safe to ask
+twice (a fast-forward push to where the line already is pushes nothing; a pull request is
+opened or found). So a control worker killed at any point leaves a campaign that the next
+doorbell (the reaper rings a campaign nothing moved for a while) carries on from, with every
+step recorded once and the line advanced once per kept step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+
+from app import broker
+from app.clock import aware, utcnow
+from app.cycles import service as cycles
+from app.cycles.campaigns import line, report, repository
+from app.cycles.campaigns.models import Campaign, CampaignStep
+from app.cycles.campaigns.service import ENDS
+from app.cycles.judge import judge, keep
+from app.cycles.models import Cycle
+from app.cycles.states import TERMINAL
+from app.db import Stores
+from app.errors import AutopilotError, Unavailable
+from app.forge import service as forge_service
+from app.forge.base import ProjectRef
+from app.git.exceptions import FetchFailed, PushFailed
+from app.git.work import GitWork
+from app.jobs import service as jobs
+from app.projects import service as projects
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: A step's cycle that ended without a judged result: why it is discarded.
+_ENDED = {"skipped_repeat": "repeat", "cancelled": "cancelled"}
+_MAX_MOVES = 32  # one call's moves at most; the next doorbell goes on
+
+
+@dataclass
+class Driver:
+    stores: Stores
+    settings: Settings
+
+    def advance(self, campaign_id: int) -> str:
+        """Make moves until the campaign waits on its cycles or ends; its state."""
+        with self._lock(campaign_id):
+            state = ""
+            for _ in range(_MAX_MOVES):
+                try:
+                    state, moved = self._move(campaign_id)
+                except (Unavailable, FetchFailed, PushFailed, OSError) as exc:
+                    # The forge or the network: it passes. The reaper rings the campaign again.
+                    log.warning("campaign %s: waiting on git or the forge: %s", campaign_id, exc)
+                    return state or "running"
+                except AutopilotError as exc:
+                    self._fail(campaign_id, exc.detail)
+                    return "failed"
+                if not moved:
+                    return state
+            broker.ring_campaign(self.settings, campaign_id)  # more to do: a doorbell, not a loop
+            return state
+
+    # -- one move -----------------------------------------------------------------------------
+
+    def _move(self, campaign_id: int) -> tuple[str, bool]:
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            state, started = campaign.state, campaign.start_sha is not None
+            ref = ProjectRef.of(projects.get_project_by_id(session, campaign.project_id))
+        if state in ENDS:
+            return state, False
+        if not started:
+            return self._start_line(campaign_id, ref), True
+        if state == "running":
+            return "running", self._run(campaign_id, ref)
+        return state, self._finish(campaign_id, ref)
+
+    def _start_line(self, campaign_id: int, ref: ProjectRef) -> str:
+        forge = forge_service.forge_for(self.settings, self.stores)
+        branch, sha = line.start(GitWork(self.settings), forge, ref, campaign_id)
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            if campaign.start_sha is None:
+                campaign.line_branch, campaign.start_sha, campaign.tip_sha = branch, sha, sha
+                _touch(campaign)
+            return campaign.state
+
+    def _run(self, campaign_id: int, ref: ProjectRef) -> bool:
+        """One move of a running campaign; False when it waits on its cycles."""
+        rings: list[int] = []
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            current = [
+                s for s in repository.steps(session, campaign_id) if s.round == campaign.round
+            ]
+            moved = False
+            for step in current:
+                if step.outcome is None:
+                    moved |= self._judge_step(session, campaign, step, rings)
+            if campaign.stop_requested:
+                moved |= _cancel_live(session, campaign, current)
+            pending = any(s.outcome is None for s in current)
+            confirmed = any(s.outcome == "confirmed" for s in current)
+            if moved:
+                _touch(campaign)
+        for cycle_id in rings:  # after the commit
+            broker.ring_advance(self.settings, cycle_id)
+        if moved:
+            return True
+        if pending:
+            return False
+        # The round is decided: its confirmed best advances the line, then what comes next.
+        if confirmed:
+            self._keep_best(campaign_id, ref)
+            return True
+        return self._next_round(campaign_id)
+
+    def _judge_step(
+        self, session: Session, campaign: Campaign, step: CampaignStep, rings: list[int]
+    ) -> bool:
+        """Decide what can be decided of one step; whether anything moved."""
+        cycle = cycles.get(session, step.cycle_id)
+        if cycle.state not in TERMINAL:
+            return False  # planned to analyzing, or waiting for a budget
+        if cycle.state != "judged":
+            reason = _ENDED.get(cycle.state, "failed")
+            why = f"its cycle ended {cycle.state}" + (f": {cycle.error}" if cycle.error else "")
+            _decide(step, "discarded", reason, f"Discarded ({reason}): {why}.")
+            return True
+        try:
+            comparison = _comparison(session, cycle.id)
+        except (keep.KeepError, AutopilotError) as exc:
+            _decide(step, "discarded", "failed", f"Discarded (failed): {exc}.")
+            return True
+        step.ratio, step.ci_low, step.ci_high = (
+            comparison.ratio,
+            comparison.ci_low,
+            comparison.ci_high,
+        )
+        if not keep.needs_confirmation(comparison):
+            outcome = keep.decide(comparison)
+            assert isinstance(outcome, keep.Discard)
+            _decide(step, "discarded", outcome.reason, outcome.sentence)
+            return True
+        if step.confirmation_cycle_id is None:
+            if campaign.stop_requested:
+                _decide(
+                    step,
+                    "discarded",
+                    "stopped",
+                    "Discarded (stopped): it won, but the campaign was stopped before its "
+                    "confirmation ran; a win is kept only once confirmed.",
+                )
+                return True
+            confirmation = _cycle(
+                campaign,
+                role="confirmation",
+                base_sha=step.tip_sha,
+                candidate_sha=cycle.candidate_sha,
+                experiment=cycle.experiment,
+                parameters=cycle.parameters,
+                hypothesis=f"Confirmation of cycle {cycle.id} on fresh blocks: {cycle.hypothesis}",
+            )
+            repository.add(session, confirmation)
+            step.confirmation_cycle_id = confirmation.id
+            rings.append(confirmation.id)
+            return True
+        confirming = cycles.get(session, step.confirmation_cycle_id)
+        if confirming.state not in TERMINAL:
+            return False
+        if confirming.state != "judged":
+            why = f"its confirmation (cycle {confirming.id}) ended {confirming.state}"
+            if confirming.error:
+                why += f": {confirming.error}"
+            _decide(
+                step, "discarded", "confirmation_failed", f"Discarded (confirmation failed): {why}."
+            )
+            return True
+        try:
+            outcome = keep.decide(comparison, _comparison(session, confirming.id))
+        except (keep.KeepError, AutopilotError) as exc:
+            _decide(step, "discarded", "failed", f"Discarded (failed): {exc}.")
+            return True
+        if isinstance(outcome, keep.Keep):
+            _decide(step, "confirmed", None, outcome.sentence)
+        else:
+            _decide(step, "discarded", outcome.reason, outcome.sentence)
+        return True
+
+    def _keep_best(self, campaign_id: int, ref: ProjectRef) -> None:
+        """Advance the line to the round's best confirmed step and supersede the others."""
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            confirmed = [
+                s
+                for s in repository.steps(session, campaign_id)
+                if s.round == campaign.round and s.outcome == "confirmed"
+            ]
+            settled = keep.settle(
+                [
+                    keep.Step(
+                        str(s.cycle_id),
+                        _comparison(session, s.cycle_id),
+                        _comparison(session, int(s.confirmation_cycle_id or 0)),
+                    )
+                    for s in confirmed
+                ]
+            )
+            chosen = next(s for s in confirmed if isinstance(settled[str(s.cycle_id)], keep.Keep))
+            to_sha = cycles.get(session, chosen.cycle_id).candidate_sha
+            start_sha, tip_sha = campaign.start_sha, campaign.tip_sha
+        assert to_sha is not None
+        assert start_sha is not None
+        assert tip_sha is not None
+        forge = forge_service.forge_for(self.settings, self.stores)
+        line.advance(
+            GitWork(self.settings),
+            forge,
+            ref,
+            campaign_id,
+            start_sha=start_sha,
+            tip_sha=tip_sha,
+            to_sha=to_sha,
+        )
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            for step in repository.steps(session, campaign_id):
+                if step.round != campaign.round or step.outcome != "confirmed":
+                    continue
+                outcome = settled[str(step.cycle_id)]
+                if isinstance(outcome, keep.Keep):
+                    _decide(step, "kept", None, outcome.sentence)
+                    step.kept_sha = to_sha
+                else:
+                    _decide(step, "discarded", outcome.reason, outcome.sentence)
+            campaign.tip_sha = to_sha
+            _touch(campaign)
+
+    def _next_round(self, campaign_id: int) -> bool:
+        """Start the next round at the tip, or move to finishing when a limit is reached."""
+        rings: list[int] = []
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            steps = repository.steps(session, campaign_id)
+            why = _why_end(campaign, steps)
+            if why is not None:
+                _move(campaign, "finishing")
+                campaign.end_reason = campaign.end_reason or why
+                _touch(campaign)
+            else:
+                campaign.round += 1
+                for _ in range(min(campaign.parallel, campaign.max_cycles - len(steps))):
+                    cycle = _cycle(campaign, role="step", base_sha=str(campaign.tip_sha))
+                    repository.add(session, cycle)
+                    repository.add(
+                        session,
+                        CampaignStep(
+                            campaign_id=campaign.id,
+                            cycle_id=cycle.id,
+                            round=campaign.round,
+                            tip_sha=str(campaign.tip_sha),
+                        ),
+                    )
+                    rings.append(cycle.id)
+                _touch(campaign)
+        for cycle_id in rings:  # after the commit
+            broker.ring_advance(self.settings, cycle_id)
+        return True
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _finish(self, campaign_id: int, ref: ProjectRef) -> bool:
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            steps = repository.steps(session, campaign_id)
+            if any(s.outcome in (None, "confirmed") for s in steps):
+                return False  # not reached: a round settles before the campaign finishes
+            kept = [s for s in steps if s.outcome == "kept"]
+            if not kept:
+                _end(campaign, "; nothing was kept, so there is no pull request")
+                return True
+            if campaign.final_cycle_id is None:
+                first = cycles.get(session, kept[0].cycle_id)
+                final = _cycle(
+                    campaign,
+                    role="final",
+                    base_sha=str(campaign.start_sha),
+                    candidate_sha=campaign.tip_sha,
+                    experiment=campaign.experiment or first.experiment,
+                    parameters=first.parameters if not campaign.experiment else None,
+                    hypothesis=(
+                        f"The line of campaign {campaign.id} ({len(kept)} kept step(s)) against "
+                        "its start, on fresh runs: the cumulative result"
+                    ),
+                )
+                repository.add(session, final)
+                campaign.final_cycle_id = final.id
+                _touch(campaign)
+                ring: int | None = final.id
+            else:
+                ring = None
+                final_cycle = cycles.get(session, campaign.final_cycle_id)
+                if final_cycle.state not in TERMINAL:
+                    return False
+                if campaign.cumulative is None:
+                    campaign.cumulative = _cumulative(session, final_cycle)
+                    _touch(campaign)
+                    return True
+        if ring is not None:
+            broker.ring_advance(self.settings, ring)
+            return True
+        return self._open_pull_request(campaign_id, ref)
+
+    def _open_pull_request(self, campaign_id: int, ref: ProjectRef) -> bool:
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            if campaign.pr_url is not None:
+                _end(campaign, "")
+                return True
+            rows = repository.steps(session, campaign_id)
+            body = report.pr_body(
+                campaign, ref, rows, repository.cycles(session, [s.cycle_id for s in rows])
+            )
+            title = report.pr_title(campaign, rows)
+            start_sha = str(campaign.start_sha)
+        forge = forge_service.forge_for(self.settings, self.stores)
+        git = GitWork(self.settings)
+        branch = line.open_line(git, ref, campaign_id, start_sha)
+        pr = forge_service.publish(
+            git, forge, ref, branch, f"campaign-{campaign_id}", title=title, body=body
+        )
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            campaign.pr_number, campaign.pr_url = pr.number, pr.url
+            _end(campaign, "")
+        return True
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _lock(self, campaign_id: int) -> Iterator[None]:
+        # One driver per campaign at a time on this control host, as the cycle machine's lock.
+        folder = self.settings.state_dir.absolute() / "campaigns"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f"{campaign_id}.lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def _fail(self, campaign_id: int, message: str) -> None:
+        log.warning("campaign %s failed: %s", campaign_id, message)
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            if campaign.state not in ENDS:
+                _move(campaign, "failed")
+                campaign.error = message
+                campaign.finished_at = utcnow()
+                _touch(campaign)
+
+
+def _get(session: Session, campaign_id: int) -> Campaign:
+    campaign = repository.get(session, campaign_id)
+    if campaign is None:
+        raise AssertionError(f"campaign {campaign_id} is gone")
+    return campaign
+
+
+#: A campaign's moves: every other is a bug.
+_MOVES = {"running": ("finishing", "failed"), "finishing": ("finished", "stopped", "failed")}
+
+
+def _move(campaign: Campaign, to: str) -> None:
+    """The one place a campaign's state is set."""
+    if to not in _MOVES.get(campaign.state, ()):
+        raise AssertionError(f"campaign {campaign.id} cannot move from {campaign.state} to {to}")
+    campaign.state = to
+
+
+def _touch(campaign: Campaign) -> None:
+    campaign.updated_at = utcnow()
+
+
+def _decide(step: CampaignStep, outcome: str, reason: str | None, sentence: str) -> None:
+    step.outcome, step.reason, step.sentence = outcome, reason, sentence
+    step.decided_at = utcnow()
+
+
+def _end(campaign: Campaign, note: str) -> None:
+    _move(campaign, "stopped" if campaign.stop_requested else "finished")
+    if note:
+        campaign.end_reason = (campaign.end_reason or "") + note
+    campaign.finished_at = utcnow()
+    _touch(campaign)
+
+
+def _cycle(campaign: Campaign, *, role: str, base_sha: str, **fields: object) -> Cycle:
+    """A new planned cycle of the campaign, starting at `base_sha`."""
+    return Cycle(
+        project_id=campaign.project_id,
+        state="planned",
+        agent=(campaign.agent or "config") if role == "step" else "campaign",
+        trigger="campaign",
+        campaign_id=campaign.id,
+        role=role,
+        base_sha=base_sha,
+        **fields,
+    )
+
+
+def _comparison(session: Session, cycle_id: int) -> keep.Comparison:
+    """The keep rule's reading of a judged cycle: the judge's verdict of its job's result."""
+    job = jobs.for_cycle(session, cycle_id)
+    if job is None:
+        raise keep.KeepError(f"cycle {cycle_id} has no job")
+    return keep.Comparison.from_judged(judge(dict(job.result or {}), dict(job.spec or {})))
+
+
+def _cumulative(session: Session, final: Cycle) -> dict[str, object]:
+    if final.state != "judged":
+        return {
+            "verdict": None,
+            "cycle_id": final.id,
+            "error": f"the final measurement (cycle {final.id}) ended {final.state}: {final.error}",
+        }
+    c = _comparison(session, final.id)
+    return {
+        "ratio": c.ratio,
+        "ci_low": c.ci_low,
+        "ci_high": c.ci_high,
+        "verdict": c.verdict,
+        "cycle_id": final.id,
+        "metric_source": c.metric_source,
+    }
+
+
+def _cancel_live(session: Session, campaign: Campaign, current: Sequence[CampaignStep]) -> bool:
+    """A stop: cancel the round's step cycles still in flight (confirmations run on)."""
+    moved = False
+    for step in current:
+        if step.outcome is not None:
+            continue
+        cycle = cycles.get(session, step.cycle_id)
+        if cycle.state not in TERMINAL:
+            cycles.cancel(session, cycle.id, campaign.created_by or "campaign stop")
+            moved = True
+    return moved
+
+
+def _why_end(campaign: Campaign, steps: Sequence[CampaignStep]) -> str | None:
+    """Why no new round starts (None: one does)."""
+    if campaign.stop_requested:
+        return campaign.end_reason or "stopped"
+    if len(steps) >= campaign.max_cycles:
+        return f"max_cycles reached ({campaign.max_cycles} steps)"
+    if campaign.max_hours is not None:
+        started = aware(campaign.created_at) or utcnow()
+        if utcnow() - started >= timedelta(hours=campaign.max_hours):
+            return f"max_hours reached ({campaign.max_hours:g} h)"
+    if campaign.stop_after_no_gain is not None:
+        decided = sorted(
+            (s for s in steps if s.decided_at is not None),
+            key=lambda s: (aware(s.decided_at) or utcnow(), s.cycle_id),
+        )
+        run = 0
+        for s in reversed(decided):
+            if s.outcome == "kept":
+                break
+            run += 1
+        if run >= campaign.stop_after_no_gain:
+            return f"stop_after_no_gain reached ({run} steps in a row not kept)"
+    return None

@@ -1,0 +1,58 @@
+"""The queries of campaigns and their steps (the only module of campaigns that runs SQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.cycles.campaigns.models import Campaign, CampaignStep
+from app.cycles.models import Cycle
+
+LIVE = ("running", "finishing")
+
+
+def add(session: Session, row: Campaign | CampaignStep | Cycle) -> None:
+    session.add(row)
+    session.flush()
+
+
+def get(session: Session, campaign_id: int) -> Campaign | None:
+    if not 1 <= campaign_id <= 2**31 - 1:
+        return None
+    return session.get(Campaign, campaign_id)
+
+
+def list_campaigns(
+    session: Session, *, project_id: int | None, state: str | None, limit: int, offset: int
+) -> Sequence[Campaign]:
+    query = select(Campaign)
+    if project_id is not None:
+        query = query.where(Campaign.project_id == project_id)
+    if state is not None:
+        query = query.where(Campaign.state == state)
+    return session.scalars(query.order_by(Campaign.id.desc()).limit(limit).offset(offset)).all()
+
+
+def steps(session: Session, campaign_id: int) -> Sequence[CampaignStep]:
+    """The campaign's steps in the order they were started."""
+    query = select(CampaignStep).where(CampaignStep.campaign_id == campaign_id)
+    return session.scalars(query.order_by(CampaignStep.round, CampaignStep.cycle_id)).all()
+
+
+def step_of_cycle(session: Session, cycle_id: int) -> CampaignStep | None:
+    return session.scalars(select(CampaignStep).where(CampaignStep.cycle_id == cycle_id)).first()
+
+
+def cycles(session: Session, ids: Sequence[int]) -> dict[int, Cycle]:
+    if not ids:
+        return {}
+    return {c.id: c for c in session.scalars(select(Cycle).where(Cycle.id.in_(list(ids))))}
+
+
+def live_untouched_since(session: Session, since: datetime) -> list[int]:
+    """Live campaigns nothing moved since `since`: the reaper rings them (a lost doorbell)."""
+    query = select(Campaign.id).where(Campaign.state.in_(LIVE), Campaign.updated_at < since)
+    return list(session.scalars(query.order_by(Campaign.id)))
