@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from app import broker
 from app.clock import aware, utcnow
 from app.cycles import service as cycles
-from app.cycles.campaigns import line, report, repository
+from app.cycles.campaigns import line, report, repository, review
 from app.cycles.campaigns.models import Campaign, CampaignStep
 from app.cycles.campaigns.service import ENDS
 from app.cycles.judge import judge, keep
@@ -340,15 +340,18 @@ class Driver:
             )
             title = report.pr_title(campaign, rows)
             start_sha = str(campaign.start_sha)
+            device_kind = projects.get_project_by_id(session, campaign.project_id).gpu_kind
         forge = forge_service.forge_for(self.settings, self.stores)
         git = GitWork(self.settings)
         branch = line.open_line(git, ref, campaign_id, start_sha)
         pr = forge_service.publish(
             git, forge, ref, branch, f"campaign-{campaign_id}", title=title, body=body
         )
+        finding_ids = review.record_findings(self.stores, campaign_id, ref, device_kind, pr.url)
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
             campaign.pr_number, campaign.pr_url = pr.number, pr.url
+            campaign.finding_ids = finding_ids
             _end(campaign, "")
         return True
 

@@ -56,3 +56,7 @@ def live_untouched_since(session: Session, since: datetime) -> list[int]:
     """Live campaigns nothing moved since `since`: the reaper rings them (a lost doorbell)."""
     query = select(Campaign.id).where(Campaign.state.in_(LIVE), Campaign.updated_at < since)
     return list(session.scalars(query.order_by(Campaign.id)))
+
+
+def detach(session: Session, row: Campaign) -> None:
+    session.expunge(row)

@@ -7,9 +7,22 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, status
 
 from app import broker
-from app.api.deps import AnyToken, OpsSession, RowId, TriggerToken, get_settings, get_stores
-from app.cycles.campaigns import service
-from app.cycles.campaigns.schemas import CampaignCreate, CampaignOut, CampaignState
+from app.api.deps import (
+    AnyToken,
+    OpsSession,
+    ReviewToken,
+    RowId,
+    TriggerToken,
+    get_settings,
+    get_stores,
+)
+from app.cycles.campaigns import review, service
+from app.cycles.campaigns.schemas import (
+    CampaignCreate,
+    CampaignOut,
+    CampaignReview,
+    CampaignState,
+)
 from app.db import Stores
 from app.settings import Settings
 
@@ -63,5 +76,27 @@ def stop_campaign(
     with stores.ops_session() as session:
         service.stop(session, campaign_id, token.name)
     broker.ring_campaign(settings, campaign_id)
+    with stores.ops_session() as session:
+        return service.out(session, service.get(session, campaign_id))
+
+
+@router.post("/{campaign_id}/review", response_model=CampaignOut)
+def review_campaign(
+    campaign_id: RowId,
+    body: CampaignReview,
+    token: ReviewToken,
+    stores: Annotated[Stores, Depends(get_stores)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> CampaignOut:
+    """Approve the line's pull request (validates each kept step's finding and the cumulative
+    one) or reject it (refutes them with the note, and closes it)."""
+    review.review(
+        stores,
+        settings,
+        campaign_id,
+        approve=body.decision == "approve",
+        note=body.note,
+        actor=token.name,
+    )
     with stores.ops_session() as session:
         return service.out(session, service.get(session, campaign_id))

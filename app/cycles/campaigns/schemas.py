@@ -28,6 +28,13 @@ class CampaignCreate(BaseModel):
     max_hours: float | None = Field(None, gt=0, le=720, description="start no round after this")
 
 
+class CampaignReview(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"]
+    note: str = Field("", max_length=10_000, description="required to reject: why")
+
+
 class StepOut(BaseModel):
     cycle_id: int
     round: int
@@ -66,6 +73,10 @@ class CampaignOut(BaseModel):
     cumulative: dict[str, Any] | None
     pr_number: int | None
     pr_url: str | None
+    finding_ids: list[str] | None
+    decision: str | None
+    decided_by: str | None
+    decision_note: str | None
     error: str | None
     created_by: str | None
     created_at: datetime

@@ -39,6 +39,7 @@ SCOPE_RULES: dict[tuple[str, str], str | None] = {
     ("get", "/api/v1/campaigns"): None,
     ("get", "/api/v1/campaigns/{campaign_id}"): None,
     ("post", "/api/v1/campaigns/{campaign_id}/stop"): "trigger",
+    ("post", "/api/v1/campaigns/{campaign_id}/review"): "review",
     ("get", "/api/v1/cycles"): None,
     ("get", "/api/v1/cycles/{cycle_id}"): None,
     ("post", "/api/v1/cycles/{cycle_id}/cancel"): "trigger",

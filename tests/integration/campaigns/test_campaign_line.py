@@ -19,6 +19,7 @@ from app.api.main import create_app
 from app.db import Stores
 from app.forge.base import ProjectRef
 from app.forge.local import LocalForge
+from app.memory import service as memory
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.conftest import Backend
@@ -126,6 +127,19 @@ def test_a_campaign_keeps_exactly_the_confirmed_speed_ups(
         )
         assert made.status_code == 202, made.text
         campaign = follow(client, token, made.json()["id"], timeout=600)
+        # The reviewer approves the line: each kept step's finding and the cumulative one.
+        decided = client.post(
+            f"/api/v1/campaigns/{campaign['id']}/review",
+            json={"decision": "approve", "note": "two real speed-ups"},
+            headers=bearer(token),
+        )
+        assert decided.status_code == 200, decided.text
+        again = client.post(
+            f"/api/v1/campaigns/{campaign['id']}/review",
+            json={"decision": "reject", "note": "changed my mind"},
+            headers=bearer(token),
+        )
+        assert again.status_code == 409, again.text
 
     assert campaign["state"] == "finished", (campaign, workers.logs())
     steps = campaign["steps"]
@@ -175,3 +189,12 @@ def test_a_campaign_keeps_exactly_the_confirmed_speed_ups(
     for step in steps:
         if step["outcome"] == "discarded":
             assert f"| cycle {step['cycle_id']} |" in pr.body and step["reason"] in pr.body
+    # Approving validated exactly the campaign's findings: one per kept step, one cumulative.
+    assert decided.json()["decision"] == "approved"
+    with stores.memory_session() as session:
+        findings = [memory.get(session, fid) for fid in campaign["finding_ids"]]
+    assert len(findings) == 3, findings
+    assert {f.status for f in findings} == {"validated"}
+    for step, finding in zip(kept, findings, strict=False):
+        assert step["kept_sha"][:12] in finding.statement, finding.statement
+    assert findings[-1].statement.startswith(f"Campaign {campaign['id']}: 2 kept step(s)")
