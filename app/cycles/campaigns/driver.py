@@ -27,7 +27,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from app import broker
+from app import broker, notify
 from app.clock import aware, utcnow
 from app.cycles import service as cycles
 from app.cycles.campaigns import line, report, repository, review
@@ -143,6 +143,15 @@ class Driver:
             reason = _ENDED.get(cycle.state, "failed")
             why = f"its cycle ended {cycle.state}" + (f": {cycle.error}" if cycle.error else "")
             _decide(step, "discarded", reason, f"Discarded ({reason}): {why}.")
+            return True
+        if cycle.candidate_sha == step.tip_sha:
+            _decide(
+                step,
+                "discarded",
+                "no_change",
+                "Discarded (no change): its candidate is the tip itself (a point of the "
+                "parameter space, with no code change); a line keeps commits.",
+            )
             return True
         try:
             comparison = _comparison(session, cycle.id)
@@ -353,6 +362,8 @@ class Driver:
             campaign.pr_number, campaign.pr_url = pr.number, pr.url
             campaign.finding_ids = finding_ids
             _end(campaign, "")
+            news = report.notice(campaign, ref, self.settings.dashboard_base_url)
+        notify.announce(self.settings, news)  # never raises, never blocks the campaign
         return True
 
     # -- plumbing -----------------------------------------------------------------------------

@@ -100,3 +100,17 @@ def pr_body(
     if campaign.end_reason:
         lines += ["", f"Ended: {campaign.end_reason}."]
     return "\n".join(lines) + "\n"
+
+
+def notice(campaign: Campaign, project: ProjectRef, dashboard: str) -> str:
+    """What people are told when a campaign's line awaits review."""
+    c = campaign.cumulative or {}
+    figure = (
+        f"cumulative ratio {_figures(c['ratio'], c.get('ci_low'), c.get('ci_high'))}"
+        if c.get("ratio") is not None
+        else "no cumulative measurement"
+    )
+    return (
+        f"Campaign {campaign.id} of {project.name} {campaign.state}: {figure}. Review its line: "
+        f"{campaign.pr_url} · {dashboard}/campaigns/{campaign.id}"
+    )
