@@ -75,8 +75,13 @@ class Plan(Step):
         # Two sweeps of one project planned at once would see the same live points and pick the
         # same one, a repeat: a sweep chooses and records its point under the project's lock,
         # for the milliseconds that takes. An agent that works for minutes is not serialised.
+        # So do the steps of one campaign's round: each agent is told what the steps planned
+        # before it test, so that they differ (docs/design.md, "Research lines").
         serialise = kind == "sweep" and not requested[0]
-        with self._project_lock(ref.name) if serialise else contextlib.nullcontext():
+        lock = ref.name
+        if campaign_id is not None and not fixed:
+            serialise, lock = True, f"campaign-{campaign_id}"
+        with self._plan_lock(lock) if serialise else contextlib.nullcontext():
             if fixed:
                 experiment = config.experiment(str(requested[0]))
                 proposal = agents.Proposal(
@@ -145,12 +150,12 @@ class Plan(Step):
         return True
 
     @contextlib.contextmanager
-    def _project_lock(self, project: str) -> Iterator[None]:
+    def _plan_lock(self, name: str) -> Iterator[None]:
         # On this control host, like Machine's cycle lock (several control hosts would use a
-        # PostgreSQL advisory lock).
+        # PostgreSQL advisory lock). `name`: a project's, or `campaign-<id>`.
         folder = self.settings.state_dir.absolute() / "cycles"
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / f"plan-{project}.lock", "a+b") as handle:
+        with open(folder / f"plan-{name}.lock", "a+b") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             yield
 

@@ -88,6 +88,14 @@ def test_four_steps_at_once_keep_only_the_confirmed_best_of_each_tip(
     assert [s["reason"] for s in by_variant["variant 1"]] == ["superseded"] * 2, why
     assert [s["reason"] for s in by_variant["variant 2"]] == ["loss"] * 2, why
     assert all(s["outcome"] == "discarded" for s in by_variant["variant 3"]), why
+    # The steps of a round plan one after another, each told what those before it test.
+    for round_ in (1, 2):
+        told = sorted(
+            int(s["hypothesis"].split("beside ")[1].split(" ")[0])
+            for s in steps
+            if s["round"] == round_
+        )
+        assert told == [0, 1, 2, 3], why
     for s in steps:
         if s["reason"] == "superseded":
             assert s["confirmation_cycle_id"], s  # confirmed, then not chosen
