@@ -21,6 +21,8 @@ from typing import Any
 
 from app.clock import utcnow
 from app.cycles import review
+from app.cycles.campaigns import review as campaigns
+from app.cycles.campaigns.service import CampaignEnded
 from app.cycles.exceptions import NotAwaitingReview
 from app.cycles.lifecycle import IllegalMove
 from app.db import Stores
@@ -69,9 +71,10 @@ class Outcome:
 
 @dataclass(frozen=True)
 class _Target:
-    cycle_id: int
+    cycle_id: int  # 0 for a campaign's line
     project: ProjectRef
     number: int
+    campaign_id: int | None = None  # the PR is a campaign's line (docs/design.md, "Research lines")
 
 
 def verify_signature(settings: Settings, body: bytes, signature: str | None) -> None:
@@ -141,6 +144,8 @@ class _Plan:
 
     def act(self) -> Outcome:
         t = self.target
+        if t.campaign_id is not None and self.kind in ("approved", "changes_requested", "rerun"):
+            return Outcome(202, f"ignored: {self.kind} on campaign {t.campaign_id}'s line")
         if self.kind in ("approved", "changes_requested"):  # a review submitted on GitHub
             review.record_forge_review(self.stores, t.cycle_id, self.kind, self.actor, self.note)
             shown = f"review {self.kind} by {self.actor} shown on cycle {t.cycle_id}"
@@ -223,10 +228,13 @@ def _target(
         ]
     if not full_name or not matching:
         return Outcome(202, f"ignored: no project's repository is {full_name[:140]!r}")
+    project = next(ref for _, ref in matching)
     cycle_id = review.cycle_of_pull_request(stores, [p for p, _ in matching], number)
     if cycle_id is None:
-        return Outcome(202, f"ignored: pull request #{number} is no cycle's")
-    project = next(ref for _, ref in matching)
+        campaign_id = campaigns.campaign_of_pull_request(stores, [p for p, _ in matching], number)
+        if campaign_id is None:
+            return Outcome(202, f"ignored: pull request #{number} is no cycle's or campaign's")
+        return _Target(0, project, number, campaign_id)
     return _Target(cycle_id, project, number)
 
 
@@ -249,7 +257,7 @@ def apply_decision(
         note = found.note or forge.last_note(target.project, target.number)
         note = note or f"closed on GitHub by {actor} without a note"
         return _decide(stores, settings, target, False, note, actor, True)
-    return Outcome(202, f"pull request #{target.number} is still open", target.cycle_id)
+    return Outcome(202, f"pull request #{target.number} is still open", target.cycle_id or None)
 
 
 def _decide(
@@ -262,6 +270,8 @@ def _decide(
     on_forge: bool,
 ) -> Outcome:
     decision = "approved" if approve else "rejected"
+    if target.campaign_id is not None:
+        return _decide_campaign(stores, settings, target, approve, note, actor, on_forge)
     try:
         review.review(
             stores,
@@ -275,6 +285,32 @@ def _decide(
     except (NotAwaitingReview, IllegalMove):
         return Outcome(200, f"cycle {target.cycle_id} was decided already", target.cycle_id)
     return Outcome(200, f"cycle {target.cycle_id} {decision} by {actor}", target.cycle_id)
+
+
+def _decide_campaign(
+    stores: Stores,
+    settings: Settings,
+    target: _Target,
+    approve: bool,
+    note: str,
+    actor: str,
+    on_forge: bool,
+) -> Outcome:
+    campaign_id = int(target.campaign_id or 0)
+    try:
+        campaigns.review(
+            stores,
+            settings,
+            campaign_id,
+            approve=approve,
+            note=redact_text(note)[:10_000],
+            actor=actor[:64],
+            on_forge=on_forge,
+        )
+    except (campaigns.CampaignDecided, CampaignEnded):
+        return Outcome(200, f"campaign {campaign_id} was decided already")
+    decision = "approved" if approve else "rejected"
+    return Outcome(200, f"campaign {campaign_id} {decision} by {actor}")
 
 
 def reconcile(stores: Stores, settings: Settings) -> list[str]:
@@ -297,6 +333,20 @@ def reconcile(stores: Stores, settings: Settings) -> list[str]:
         except AutopilotError as exc:  # one PR's trouble does not stop the others
             log.warning(
                 "reconcile: cycle %s (PR #%s of %s): %s", cycle_id, number, project.name, exc.detail
+            )
+    for campaign_id, number, project in campaigns.awaiting_on_forge(stores):
+        target = _Target(0, project, number, campaign_id)
+        try:
+            found = forge.decision(project, number)
+            if found.state != "open":
+                done.append(apply_decision(stores, settings, forge, target, found).outcome)
+        except AutopilotError as exc:
+            log.warning(
+                "reconcile: campaign %s (PR #%s of %s): %s",
+                campaign_id,
+                number,
+                project.name,
+                exc.detail,
             )
     return done
 

@@ -60,3 +60,19 @@ def live_untouched_since(session: Session, since: datetime) -> list[int]:
 
 def detach(session: Session, row: Campaign) -> None:
     session.expunge(row)
+
+
+def by_pull_request(session: Session, project_ids: Sequence[int], number: int) -> Campaign | None:
+    query = select(Campaign).where(
+        Campaign.project_id.in_(list(project_ids)), Campaign.pr_number == number
+    )
+    return session.scalars(query.limit(1)).first()
+
+
+def undecided_with_pr(session: Session) -> list[tuple[int, int, int]]:
+    """(campaign id, project id, PR number) of the ended campaigns whose line awaits review."""
+    query = select(Campaign.id, Campaign.project_id, Campaign.pr_number).where(
+        Campaign.pr_number.is_not(None), Campaign.decision.is_(None)
+    )
+    rows = session.execute(query.order_by(Campaign.id)).all()
+    return [(c, p, n) for c, p, n in rows if n is not None]

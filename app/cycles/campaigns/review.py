@@ -167,3 +167,18 @@ def _deciding(settings: Settings, campaign_id: int) -> Iterator[None]:
     with open(folder / f"review-{campaign_id}.lock", "a+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def campaign_of_pull_request(stores: Stores, project_ids: list[int], number: int) -> int | None:
+    """The id of the campaign whose line's pull request is `number` in one of the projects."""
+    with stores.ops_session() as session:
+        campaign = repository.by_pull_request(session, project_ids, number)
+        return campaign.id if campaign is not None else None
+
+
+def awaiting_on_forge(stores: Stores) -> list[tuple[int, int, ProjectRef]]:
+    """(campaign id, PR number, project) of every ended campaign whose line awaits review."""
+    with stores.ops_session() as session:
+        rows = repository.undecided_with_pr(session)
+        refs = {p: ProjectRef.of(projects.get_project_by_id(session, p)) for _, p, _ in rows}
+        return [(c, n, refs[p]) for c, p, n in rows]
