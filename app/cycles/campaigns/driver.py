@@ -23,14 +23,13 @@ import fcntl
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
 from app import broker, notify
-from app.clock import aware, utcnow
+from app.clock import utcnow
 from app.cycles import service as cycles
-from app.cycles.campaigns import line, report, repository, review
+from app.cycles.campaigns import limits, line, report, repository, review
 from app.cycles.campaigns.models import Campaign, CampaignStep
 from app.cycles.campaigns.service import ENDS
 from app.cycles.judge import judge, keep
@@ -268,7 +267,7 @@ class Driver:
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
             steps = repository.steps(session, campaign_id)
-            why = _why_end(campaign, steps)
+            why = limits.why_end(campaign, steps)
             if why is not None:
                 _move(campaign, "finishing")
                 campaign.end_reason = campaign.end_reason or why
@@ -474,28 +473,3 @@ def _cancel_live(session: Session, campaign: Campaign, current: Sequence[Campaig
             cycles.cancel(session, cycle.id, campaign.created_by or "campaign stop")
             moved = True
     return moved
-
-
-def _why_end(campaign: Campaign, steps: Sequence[CampaignStep]) -> str | None:
-    """Why no new round starts (None: one does)."""
-    if campaign.stop_requested:
-        return campaign.end_reason or "stopped"
-    if len(steps) >= campaign.max_cycles:
-        return f"max_cycles reached ({campaign.max_cycles} steps)"
-    if campaign.max_hours is not None:
-        started = aware(campaign.created_at) or utcnow()
-        if utcnow() - started >= timedelta(hours=campaign.max_hours):
-            return f"max_hours reached ({campaign.max_hours:g} h)"
-    if campaign.stop_after_no_gain is not None:
-        decided = sorted(
-            (s for s in steps if s.decided_at is not None),
-            key=lambda s: (aware(s.decided_at) or utcnow(), s.cycle_id),
-        )
-        run = 0
-        for s in reversed(decided):
-            if s.outcome == "kept":
-                break
-            run += 1
-        if run >= campaign.stop_after_no_gain:
-            return f"stop_after_no_gain reached ({run} steps in a row not kept)"
-    return None

@@ -1,4 +1,4 @@
-"""When a campaign stops starting rounds (`driver._why_end`): a stop, `max_cycles`,
+"""When a campaign stops starting rounds (`limits.why_end`): a stop, `max_cycles`,
 `max_hours`, and `stop_after_no_gain` steps in a row that were not kept, counted in the order
 they were decided."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from app.clock import utcnow
-from app.cycles.campaigns.driver import _why_end
+from app.cycles.campaigns.limits import why_end as _why_end
 from app.cycles.campaigns.models import Campaign, CampaignStep
 
 
