@@ -1,9 +1,9 @@
 """The one seam between the read and trigger commands and what answers them.
 
-`cycle run|list|show|cancel`, `job list|logs`, `memory search|show` and `project list` call a
-`Backend`: `LocalBackend` (this host's stores, as on the control host) or `RemoteBackend` (the
-control host's REST API with a bearer token, from a laptop). Both return the API's JSON shapes,
-so a command prints the same either way.
+`cycle run|list|show|cancel`, `campaign start|list|show|stop`, `job list|logs`, `memory
+search|show` and `project list` call a `Backend`: `LocalBackend` (this host's stores, as on the
+control host) or `RemoteBackend` (the control host's REST API with a bearer token, from a
+laptop). Both return the API's JSON shapes, so a command prints the same either way.
 
 Where the API is and which token to send: the root's `--api`/`--token`, then the settings
 (`AUTOPILOT_CONTROL_URL`, `AUTOPILOT_TOKEN`), then the file `autopilot login` writes. A URL
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from app.cli.common import fail, global_flags, load_settings
 from app.cli.local import LocalBackend
 from app.cli.remote import RemoteBackend
+from app.cycles.campaigns.schemas import CampaignCreate
 from app.settings import DOTENV, check_control_url, given_settings
 
 Row = dict[str, Any]
@@ -43,6 +44,18 @@ class Backend(Protocol):
     def trigger(self, project: str, experiment: str | None, changed: str | None) -> Row: ...
 
     def cancel_cycle(self, cycle_id: int) -> Row: ...
+
+    def campaigns(self, project: str | None, state: str | None, limit: int) -> list[Row]: ...
+
+    def campaign(self, campaign_id: int) -> Row:
+        """One campaign with its steps."""
+        ...
+
+    def start_campaign(self, body: CampaignCreate) -> Row:
+        """A stored campaign whose driver has been rung."""
+        ...
+
+    def stop_campaign(self, campaign_id: int) -> Row: ...
 
     def jobs(
         self, queue: str | None, state: str | None, project: str | None, limit: int

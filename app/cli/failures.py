@@ -26,6 +26,7 @@ DEBUG_VARIABLE = "AUTOPILOT_DEBUG"
 # The services' messages name REST routes, which the API keeps; a CLI user gets the command.
 _REST_TO_CLI = {
     "GET /api/v1/cycles": "`autopilot cycle list`",
+    "GET /api/v1/campaigns": "`autopilot campaign list`",
     "GET /api/v1/jobs": "`autopilot job list`",
     "GET /api/v1/projects": "`autopilot project list`",
     "GET /api/v1/memory/findings": "`autopilot memory search`",

@@ -16,6 +16,8 @@ from app import broker
 from app.cli.common import load_settings, open_stores
 from app.cli.failures import describe
 from app.cycles import service as cycles
+from app.cycles.campaigns import service as campaigns
+from app.cycles.campaigns.schemas import CampaignCreate
 from app.cycles.models import Cycle
 from app.cycles.schemas import CycleOut, StepOut
 from app.db import Stores
@@ -101,6 +103,39 @@ class LocalBackend:
     def cancel_cycle(self, cycle_id: int) -> dict[str, Any]:
         with self.stores.ops_session() as session:
             return cycle_row(session, cycles.cancel(session, cycle_id, "cli"))
+
+    def campaigns(self, project: str | None, state: str | None, limit: int) -> list[dict[str, Any]]:
+        with self.stores.ops_session() as session:
+            found = campaigns.list_campaigns(session, project=project, state=state, limit=limit)
+            return [campaigns.out(session, c).model_dump(mode="json") for c in found]
+
+    def campaign(self, campaign_id: int) -> dict[str, Any]:
+        with self.stores.ops_session() as session:
+            return campaigns.out(session, campaigns.get(session, campaign_id)).model_dump(
+                mode="json"
+            )
+
+    def start_campaign(self, body: CampaignCreate) -> dict[str, Any]:
+        with self.stores.ops_session() as session:
+            campaign_id = campaigns.create(session, body, "cli").id
+        self._ring_campaign(campaign_id)
+        return self.campaign(campaign_id)
+
+    def stop_campaign(self, campaign_id: int) -> dict[str, Any]:
+        with self.stores.ops_session() as session:
+            campaigns.stop(session, campaign_id, "cli")
+        self._ring_campaign(campaign_id)
+        return self.campaign(campaign_id)
+
+    def _ring_campaign(self, campaign_id: int) -> None:
+        try:  # after the commit: a doorbell names a stored campaign
+            broker.ring_campaign(self.settings, campaign_id)
+        except Exception as exc:  # the campaign is stored; the reaper rings it again
+            typer.echo(
+                f"warning: campaign {campaign_id} is stored but its doorbell was not sent: "
+                f"{describe(exc)[0]}",
+                err=True,
+            )
 
     def jobs(
         self, queue: str | None, state: str | None, project: str | None, limit: int

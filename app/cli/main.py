@@ -17,6 +17,7 @@ from app import migrate
 from app.api.main import create_app
 from app.cli import failures
 from app.cli.agents import agent_app
+from app.cli.campaigns import campaign_app
 from app.cli.common import echo_json, load_settings, refuse_api, set_global_flags
 from app.cli.cycles import cycle_app
 from app.cli.jobs import job_app
@@ -41,6 +42,7 @@ cli.add_typer(project_app, name="project")
 cli.add_typer(memory_app, name="memory")
 cli.add_typer(job_app, name="job")
 cli.add_typer(cycle_app, name="cycle")
+cli.add_typer(campaign_app, name="campaign")
 cli.add_typer(agent_app, name="agent")
 cli.command("status")(status_command)
 cli.command("login")(login_command)
@@ -63,8 +65,8 @@ def root(
         typer.Option(
             "--api",
             help="The control host's API, e.g. http://control.lab:8000 (else "
-            "AUTOPILOT_CONTROL_URL, else `autopilot login`'s); for cycle, job list|logs, "
-            "memory search|show and project list",
+            "AUTOPILOT_CONTROL_URL, else `autopilot login`'s); for cycle, campaign, "
+            "job list|logs, memory search|show and project list",
         ),
     ] = None,
     token: Annotated[

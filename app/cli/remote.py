@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from app.client import ControlClient
+from app.cycles.campaigns.schemas import CampaignCreate
 
 
 class RemoteBackend:
@@ -38,6 +39,27 @@ class RemoteBackend:
 
     def cancel_cycle(self, cycle_id: int) -> dict[str, Any]:
         row: dict[str, Any] = self.client.post(f"/cycles/{cycle_id}/cancel")
+        return row
+
+    def campaigns(self, project: str | None, state: str | None, limit: int) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.client.get(
+            "/campaigns", project=project, state=state, limit=limit
+        )
+        return rows
+
+    def campaign(self, campaign_id: int) -> dict[str, Any]:
+        row: dict[str, Any] = self.client.get(f"/campaigns/{campaign_id}")
+        return row
+
+    def start_campaign(self, body: CampaignCreate) -> dict[str, Any]:
+        # only what was given: the API's defaults stay the API's
+        row: dict[str, Any] = self.client.post(
+            "/campaigns", body.model_dump(mode="json", exclude_unset=True)
+        )
+        return row
+
+    def stop_campaign(self, campaign_id: int) -> dict[str, Any]:
+        row: dict[str, Any] = self.client.post(f"/campaigns/{campaign_id}/stop")
         return row
 
     def jobs(

@@ -1,11 +1,12 @@
 """Live parts of the dashboard: a server-sent-events stream that says when a page is stale.
 
-A live page (cycles, a running cycle, the GPU queue, the review queue) carries the *version* of
-what it shows: a short hash of the ops rows it depends on (counts and latest timestamps). Its
-script subscribes to `/dashboard/live/<topic>`; the stream polls that version once a second and
-sends `event: changed` when it moves, and the page then fetches itself and swaps its `<main>`.
-The stream carries no data, only "look again": what a reader may see stays decided by the page
-routes and their checks. Without JavaScript the pages fall back to a periodic reload.
+A live page (cycles, a running cycle or campaign, the GPU queue, the review queue) carries the
+*version* of what it shows: a short hash of the ops rows it depends on (counts and latest
+timestamps). Its script subscribes to `/dashboard/live/<topic>`; the stream polls that version
+once a second and sends `event: changed` when it moves, and the page then fetches itself and
+swaps its `<main>`. The stream carries no data, only "look again": what a reader may see stays
+decided by the page routes and their checks. Without JavaScript the pages fall back to a
+periodic reload.
 """
 
 from __future__ import annotations
@@ -14,20 +15,40 @@ import hashlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 from sqlalchemy.orm import Session
 
 from app.cycles import service as cycles
+from app.cycles.campaigns import service as campaigns
+from app.cycles.campaigns.schemas import CampaignState
 from app.db import Stores
 from app.jobs import figures
+
+#: A campaign's states while its driver still moves it.
+CAMPAIGN_LIVE = tuple(s for s in get_args(CampaignState) if s not in campaigns.ENDS)
+
+
+def live_campaigns(session: Session) -> list[tuple[object, ...]]:
+    """Each live campaign's state and last move: a campaign moves when one of its cycles
+    settles, and once more on its own as it ends (then it leaves this list)."""
+    return [
+        (c.id, c.state, c.updated_at)
+        for state in CAMPAIGN_LIVE
+        for c in campaigns.list_campaigns(session, state=state)
+    ]
+
 
 #: What each topic's pages show, as the marks (counts, latest times) of the rows whose change
 #: makes them stale.
 TOPICS: dict[str, Callable[[Session], list[tuple[object, ...]]]] = {
-    # cycles list, a cycle's page, the review queue
-    "cycles": lambda session: [*cycles.change_marks(session), figures.change_marks(session)],
+    # cycles list, a cycle's page, the review queue, the campaigns and a campaign's page
+    "cycles": lambda session: [
+        *cycles.change_marks(session),
+        figures.change_marks(session),
+        *live_campaigns(session),
+    ],
     # the GPU queue: jobs, who holds them, the workers (not heartbeats: every running job
     # would then make every open queue page fetch itself once a second)
     "queue": lambda session: [figures.change_marks(session), *figures.holder_marks(session)],

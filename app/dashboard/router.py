@@ -1,11 +1,12 @@
 """The review dashboard: server-rendered pages under /dashboard (review queue, PR detail with the
-decision form, cycles, GPU queue, memory). Every page works without JavaScript; the one script
-keeps live pages current: it listens to `/dashboard/live/<topic>` (server-sent events,
+decision form, cycles, campaigns, GPU queue, memory). Every page works without JavaScript; the
+one script keeps live pages current: it listens to `/dashboard/live/<topic>` (server-sent events,
 `live.py`) and swaps in the page's fresh `<main>` when told it changed.
 
 Mount with `app.include_router(dashboard_router)`: the router carries its own paths, the `/`
 redirect, its static files and the live stream, and gathers the page routers (`signin.py`,
-`review.py`, `operations.py`, `projects.py`, `findings.py`), so no StaticFiles mount is needed.
+`review.py`, `operations.py`, `campaigns.py`, `projects.py`, `findings.py`), so no StaticFiles
+mount is needed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api import streams
 from app.api.deps import SettingsDep, StoresDep
-from app.dashboard import findings, live, operations, projects, review, signin
+from app.dashboard import campaigns, findings, live, operations, projects, review, signin
 from app.dashboard.pages import HERE, PREFIX, MaybeViewer
 
 STATIC = {
@@ -77,5 +78,5 @@ def live_stream(
         return Response(exc.detail, status_code=429, media_type="text/plain")
 
 
-for pages in (signin, review, operations, projects, findings):
+for pages in (signin, review, operations, campaigns, projects, findings):
     dashboard_router.include_router(pages.router)
