@@ -353,6 +353,15 @@ class QueueSettings(BaseModel):
         "what setup wrote in them) before its worker removes them; logs and results stay.",
     )
 
+    gang_window: int = Field(
+        default=8,
+        ge=0,
+        le=1000,
+        description="A job of several GPUs this close behind the job a worker would take, that "
+        "fits the worker's host now, goes first (0: jobs start in line order). A one-GPU job "
+        "is passed at most by the jobs within this window behind it.",
+    )
+
     reaper_interval_s: float = Field(default=10.0, gt=0)
 
     doorbell_stale_s: float = Field(

@@ -16,7 +16,13 @@ it to the end.
   fleet came to the best packing (1.0: no GPU ever idle while work waited).
 
     python bench/gang_packing.py [--quick] [--json] [--jobs 24] [--every 6] [--seed 7]
-                                 [--slack 1.0] [--timeline]
+                                 [--slack 1.0] [--scale 1] [--windows 0,8] [--timeline]
+
+Each `--windows` value runs a fleet of its own with that AUTOPILOT_GANG_WINDOW (a job of several
+GPUs that close behind the job a worker would take, and that fits the host now, goes first;
+0: line order), one after the other on the same backlog; the last is the headline. `--scale`
+multiplies every run and its slack: at 1 the runs are 1-3 s, so each job's fixed start-up
+(lease, start, result: tens of ms) weighs several times more than on real GPU jobs.
 
 Goal: ratio >= 0.9.
 """
@@ -70,14 +76,14 @@ json.dump({"status": "ok", "experiment": spec["experiment"], "parameters": spec[
 """
 
 
-def make_repo(root: Path, slack: float) -> Path:
+def make_repo(root: Path, slack: float, scale: float) -> Path:
     repo_dir = root / "packing"
     (repo_dir / "packprobe").mkdir(parents=True)
     (repo_dir / "packprobe" / "__init__.py").write_text("")
     (repo_dir / "packprobe" / "main.py").write_text(PROBE)
     lines = ["[project]", 'name = "packing"', 'gpu_kind = "cpu"', "python_requirements = []"]
-    for name, (sleep, gpus) in EXPERIMENTS.items():
-        limit = sleep + slack
+    for name, (nominal, gpus) in EXPERIMENTS.items():
+        sleep, limit = nominal * scale, (nominal + slack) * scale
         lines += [
             f"[experiments.{name}]",
             'entry = "packprobe.main"',
@@ -108,11 +114,13 @@ def ideal_makespan(runs: list[tuple[float, int]]) -> float:
     return max(busy / GPUS, max(d for d, _ in runs))
 
 
-def policy_makespan(jobs: list[tuple[float, int, float]]) -> float:
+def policy_makespan(jobs: list[tuple[float, int, float]], window: int) -> float:
     """The makespan of these (run, GPUs, declared limit) jobs, in submission order, under the
-    service's policy with no overhead at all: the first job in line that fits starts; the first
-    of several GPUs that does not fit reserves the GPUs, expected free by the running jobs'
-    starts plus limits; a one-GPU job behind it starts only if its limit ends before then."""
+    service's policy with no overhead at all: a job of several GPUs among the first `window` in
+    line that fits now starts first (`gangs.Line.gang_ahead`; 0: never); else the first job in
+    line that fits starts; the first of several GPUs that does not fit reserves the GPUs,
+    expected free by the running jobs' starts plus limits; a one-GPU job behind it starts only
+    if its limit ends before then."""
     line = list(jobs)
     running: list[tuple[float, float, int]] = []  # (end, expected end, GPUs)
     now = 0.0
@@ -121,6 +129,12 @@ def policy_makespan(jobs: list[tuple[float, int, float]]) -> float:
         while started:
             started = False
             free = GPUS - sum(g for _, _, g in running)
+            first_gang = next((i for i, j in enumerate(line[:window]) if j[1] > 1), None)
+            if first_gang is not None and line[first_gang][1] <= free and line[0][1] == 1:
+                run, gpus, limit = line.pop(first_gang)
+                running.append((now + run, now + limit, gpus))
+                started = True
+                continue
             shadow: float | None = None
             for index, (run, gpus, limit) in enumerate(line):
                 if shadow is None and gpus <= free:
@@ -148,7 +162,7 @@ def policy_makespan(jobs: list[tuple[float, int, float]]) -> float:
     return now
 
 
-def run(args: Any, work: Path) -> dict[str, Any]:
+def run(args: Any, work: Path, window: int) -> dict[str, Any]:
     state = work / "state"
     state.mkdir()
     env = autopilot_env(
@@ -156,6 +170,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
             "AUTOPILOT_STATE_DIR": str(state),
             "AUTOPILOT_SANDBOX": "off",
             "AUTOPILOT_VENV_SYSTEM_SITE_PACKAGES": "true",
+            "AUTOPILOT_GANG_WINDOW": str(window),
         }
     )
     os.environ.update({k: v for k, v in env.items() if k.startswith("AUTOPILOT_")})
@@ -164,7 +179,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     stores = Stores.from_settings(settings)
     services.cli("db", "db", "upgrade").wait(timeout=120)
     services.procs.pop("db")
-    repo = make_repo(work, args.slack)
+    repo = make_repo(work, args.slack, args.scale)
     with stores.ops_session() as session:
         ops.create_project(session, ProjectCreate(name="packing", repo_url=str(repo)))
     services.cli("control", "worker", "control", "--beat", "--loglevel", "WARNING")
@@ -183,7 +198,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
                 ids.append(jobs.submit(session, settings, project, cfg, kind, {}).id)
         for _ in range(GPUS):
             broker.ring_gpu(settings, "gpu.cpu")
-        deadline = time.monotonic() + 60 + 10 * len(ids)
+        deadline = time.monotonic() + 60 + 10 * args.scale * len(ids)
         while True:
             services.check_alive()
             with stores.ops_session() as session:
@@ -221,10 +236,9 @@ def run(args: Any, work: Path) -> dict[str, Any]:
     makespan = end - start
     busy = sum(d * g for d, g in runs)
     ideal = ideal_makespan(runs)
-    limits = {name: run_s + args.slack for name, (run_s, _) in EXPERIMENTS.items()}
-    policy = policy_makespan(
-        [(d, g, limits[f[0]]) for (d, g), f in zip(runs, figures, strict=True)]
-    )
+    limits = {name: (run_s + args.slack) * args.scale for name, (run_s, _) in EXPERIMENTS.items()}
+    same = [(d, g, limits[f[0]]) for (d, g), f in zip(runs, figures, strict=True)]
+    policy = policy_makespan(same, window)
     gang_runs = [d for (d, g) in runs if g == GPUS]
     return {
         "jobs": len(ids),
@@ -240,6 +254,8 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         "policy_makespan_s": round(policy, 2),
         "policy_ratio": round(policy / makespan, 4),
         "policy_vs_ideal": round(ideal / policy, 4),
+        # The same runs under the policy in line order (no window): what the window changes.
+        "in_order_policy_vs_ideal": round(ideal / policy_makespan(same, 0), 4),
         "median_run_s": round(statistics.median(d for d, _ in runs), 3),
         "gang_run_s_median": round(statistics.median(gang_runs), 3) if gang_runs else None,
         "retries": sum(a - 1 for *_, a in figures),
@@ -253,6 +269,18 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7, help="the backlog's order (7)")
     parser.add_argument("--timeline", action="store_true", help="print each job's times")
     parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every run's length and its slack (default 1: runs of 1-3 s)",
+    )
+    parser.add_argument(
+        "--windows",
+        default="0,8",
+        help="AUTOPILOT_GANG_WINDOW values to run, each a fleet of its own, in turn; the last "
+        "is the headline (default 0,8: in line order, then the default)",
+    )
+    parser.add_argument(
         "--slack",
         type=float,
         default=1.0,
@@ -265,16 +293,28 @@ def main() -> int:
         parser.error("--jobs and --every take 2 or more")
     if args.slack < 0.1:
         parser.error(f"--slack {args.slack}: a limit must leave the run at least 0.1 s")
+    try:
+        windows = [int(w) for w in args.windows.split(",")]
+    except ValueError:
+        parser.error(f"--windows {args.windows!r}: integers separated by commas, e.g. 0,8")
+    if args.scale <= 0:
+        parser.error(f"--scale {args.scale}: a positive factor")
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="gang-packing-") as tmp:
-        measured = run(args, Path(tmp))
+    by_window = {}
+    for window in windows:
+        with tempfile.TemporaryDirectory(prefix="gang-packing-") as tmp:
+            by_window[window] = run(args, Path(tmp), window)
+    measured = by_window[windows[-1]]
     report = {
         "benchmark": "gang_packing",
         "quick": args.quick,
         "gpus": GPUS,
         "seed": args.seed,
         "slack_s": args.slack,
+        "scale": args.scale,
+        "window": windows[-1],
         "measured": measured,
+        "by_window": {str(w): m for w, m in by_window.items()},
         "baseline": {"method": "the same runs packed with no idle GPU (a makespan lower bound)"},
         "ratio": measured["ratio"],
         "goal": GOAL,

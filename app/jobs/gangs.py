@@ -146,8 +146,9 @@ class Line:
     """The waiting line as one worker walks it (`service.choose_next`): which job it may take,
     given what its host has free, and why the others it passed wait."""
 
-    def __init__(self, host: str, room: RoomOf | None) -> None:
+    def __init__(self, host: str, room: RoomOf | None, window: int = 0) -> None:
         self.host, self.room = host, room
+        self.window = window  # `gang_ahead`'s (settings.gang_window)
         self.reserved_for: Job | None = None  # the gang job first in line that does not fit
         self.ready_at: datetime | None = None  # when its GPUs are expected free
         self.stopped = False  # nothing further may be taken (a worker reserving its next job)
@@ -169,6 +170,33 @@ class Line:
             f"({longest_s(job):g} s) ends after they are expected free"
         )
         return False
+
+    def gang_ahead(self, job: Job, ahead: Sequence[Job]) -> Job | None:
+        """The job of several GPUs among the next `window` in line from `job` (a one-GPU job
+        this worker may take) that fits the host now, if any: it goes first (`job` and the
+        ones between wait for the next free GPU). Only the first such job is asked, so jobs of
+        several GPUs keep their own order, and a one-GPU job is passed at most by the jobs
+        within the window behind it.
+
+        A worker reserving its next job (no room) reserves nothing with a job of several GPUs
+        that close behind (`stopped`): the reservation would hold `job` until that worker's
+        current job ends, while the GPUs the other job waits for sit idle."""
+        if job.gpus > 1 or self.reserved_for is not None or self.window < 2:
+            return None
+        behind = next((j for j in ahead[: self.window - 1] if j.gpus > 1), None)
+        if behind is None:
+            return None
+        if self.room is None:
+            self.stopped = True
+            return None
+        room = self.room()
+        if behind.gpus > room.capacity or not room.fits(behind.gpus):
+            return None
+        self.reasons[job.id] = (
+            f"passed by job {behind.id} ({behind.gpus} GPUs), close behind it in line, which "
+            f"fits {self.host} now"
+        )
+        return behind
 
     def _gang(self, job: Job) -> bool:
         if self.room is None:  # reserving a next job: never a gang, nor anything behind one

@@ -24,6 +24,7 @@ from app.clock import utcnow
 from app.jobs import gangs
 from app.jobs import repository as repo
 from app.jobs import service as jobs
+from app.jobs.choosing import choose_next
 from app.jobs.lifecycle import JobState
 from app.jobs.models import Job
 from app.settings import Settings
@@ -59,7 +60,7 @@ def reserve_next(
             session.flush()
             return None
     ready_before = utcnow() - timedelta(seconds=settings.gpu_reserve_after_s)
-    job = jobs.choose_next(
+    job = choose_next(
         session,
         settings,
         queue=queue,

@@ -20,10 +20,9 @@ from app.clock import aware, utcnow
 from app.errors import AutopilotError, Conflict, InvalidInput, NotFound
 from app.jobs import gangs, lifecycle
 from app.jobs import repository as repo
-from app.jobs.budgets import budget_scopes, check_scope
+from app.jobs.choosing import choose_next
 from app.jobs.lifecycle import FINISHED, JobState
 from app.jobs.models import Job, Lease, Worker
-from app.projects import service as projects
 from app.projects.config import Experiment, ProjectConfig
 from app.projects.models import Project
 from app.settings import Settings
@@ -239,72 +238,6 @@ def lease_next(
         device = gangs.take_seats(session, job, room(), host=host, leader_device=device)
     add_lease(session, settings, job, worker=worker, host=host, device=device)
     return job
-
-
-def choose_next(
-    session: Session,
-    settings: Settings,
-    *,
-    queue: str,
-    host: str,
-    besides_worker: str | None = None,
-    ready_before: datetime | None = None,
-    room: gangs.RoomOf | None = None,
-) -> Job | None:
-    """The oldest job of `queue` prepared on `host` that fits both budgets and the host's free
-    GPUs; the caller holds the leasing lock (`repo.lock_leasing`) and claims it.
-
-    A project over its budget is decided once per call and its jobs are skipped in the query,
-    so however many of its jobs wait, the next project's job behind them is chosen; every
-    waiting job shows the reason. `besides_worker` (a worker choosing its next job while it
-    runs one) does not count that worker's own GPU against the budgets; `ready_before` skips
-    jobs whose preparation on `host` finished later.
-
-    Jobs of several GPUs, the host's reservation for them and backfill: `gangs.Line`.
-    """
-    globally = check_scope(
-        session, "global", None, budget_scopes(settings, None)[0][2], besides_worker
-    )
-    if globally is not None:
-        repo.set_wait_reason(session, queue, globally)
-        return None
-    blocked: dict[int, str] = {}
-    tried: set[int] = set()
-    chosen: Job | None = None
-    line = gangs.Line(host, room)
-    while chosen is None and not line.stopped:
-        batch = [
-            j
-            for j in repo.leasable(
-                session, queue, exclude_projects=list(blocked), host=host, ready_before=ready_before
-            )
-            if j.id not in tried
-        ]
-        if not batch:
-            break
-        for job in batch:
-            tried.add(job.id)
-            if job.project_id in blocked:
-                continue
-            project = projects.find_project_by_id(session, job.project_id)
-            assert project is not None
-            label, project_id, budget = budget_scopes(settings, project)[0]
-            reason = check_scope(session, label, project_id, budget, besides_worker, job.gpus)
-            if reason is not None:
-                blocked[job.project_id] = reason
-                continue
-            if not line.admits(job):
-                if line.stopped:
-                    break
-                continue
-            chosen = job
-            break
-    for project_id, reason in blocked.items():
-        repo.set_wait_reason(session, queue, reason, project_id=project_id)
-    repo.clear_wait_reasons(session, queue, keep_projects=list(blocked))
-    for job_id, reason in line.reasons.items():
-        repo.set_job_wait_reason(session, job_id, reason)
-    return chosen
 
 
 def add_lease(

@@ -112,6 +112,8 @@ def host(stores: Stores) -> Host:
 def test_a_gang_takes_all_its_gpus_at_once_or_none(
     stores: Stores, settings: Settings, host: Host
 ) -> None:
+    # In line order (no window): the one-GPU job first in line takes a GPU before the gang.
+    settings = settings.model_copy(update={"gang_window": 0})
     busy = submit(stores, settings, "one")
     gang = submit(stores, settings, "four")
     assert host.lease(settings, "w0") == busy
@@ -285,3 +287,26 @@ def test_a_busy_worker_reserves_nothing_while_a_worker_of_its_host_is_idle(
     host.down.add("w1")
     reserved = reserve()
     assert reserved is not None and reserved.id == waiting
+
+
+def test_a_gang_close_behind_that_fits_now_goes_first(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    """With the host's GPUs free, a job of several GPUs within `gang_window` of the job a worker
+    would take goes first (the one-GPU jobs say why they wait); one further back does not, nor
+    one that does not fit now."""
+    settings = settings.model_copy(update={"gang_window": 3})
+    first, second = submit(stores, settings, "one"), submit(stores, settings, "one")
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") == gang  # within 3 of `first`, and all four GPUs free
+    assert set(seats(stores)) == {"w1", "w2", "w3"}
+    assert "passed by job" in (row(stores, first).wait_reason or "")
+    host.finish(gang, "w0")
+    # Now three one-GPU jobs and a gang four places behind the first: in line order.
+    third = submit(stores, settings, "one")
+    far = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") == first
+    # w0 busy: the gang (within 3 of `second` now) does not fit, so nothing passes `second`.
+    assert host.lease(settings, "w1") == second
+    assert host.lease(settings, "w2") == third
+    assert row(stores, far).state == "queued"
