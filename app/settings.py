@@ -353,15 +353,9 @@ class QueueSettings(BaseModel):
         "what setup wrote in them) before its worker removes them; logs and results stay.",
     )
 
-    gang_window: int = Field(
-        default=8,
-        ge=0,
-        le=1000,
-        description="A job of several GPUs this close behind the job a worker would take, that "
-        "fits the worker's host now, goes first (0: jobs start in line order). A one-GPU job "
-        "is passed at most by the jobs within this window behind it.",
-    )
-
+    # A job of several GPUs this close behind the one a worker would take, fitting its host
+    # now, goes first (0: line order); app/jobs/gangs.py, Line.gang_ahead.
+    gang_window: int = Field(default=8, ge=0, le=1000)
     reaper_interval_s: float = Field(default=10.0, gt=0)
 
     doorbell_stale_s: float = Field(
@@ -392,9 +386,8 @@ class QueueSettings(BaseModel):
     # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.
     venv_system_site_packages: bool = False
 
-    venv_root: Path | None = Field(
-        default=None, description="Where project venvs are built; default: the state dir."
-    )
+    # Where project venvs are built; default: the state dir.
+    venv_root: Path | None = None
 
 
 class CycleSettings(BaseModel):
@@ -404,9 +397,7 @@ class CycleSettings(BaseModel):
         default=20, ge=1, description="A trigger beyond this many unfinished cycles gets 429."
     )
 
-    schedule_tick_s: float = Field(
-        default=60.0, gt=0, description="How often beat checks schedules."
-    )
+    schedule_tick_s: float = Field(default=60.0, gt=0, description="How often beat checks.")
 
 
 class LogSettings(BaseModel):

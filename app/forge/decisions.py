@@ -22,7 +22,7 @@ from typing import Any
 from app.clock import utcnow
 from app.cycles import review
 from app.cycles.campaigns import review as campaigns
-from app.cycles.campaigns.service import CampaignEnded
+from app.cycles.campaigns.service import CampaignNotEnded
 from app.cycles.exceptions import NotAwaitingReview
 from app.cycles.lifecycle import IllegalMove
 from app.db import Stores
@@ -307,7 +307,7 @@ def _decide_campaign(
             actor=actor[:64],
             on_forge=on_forge,
         )
-    except (campaigns.CampaignDecided, CampaignEnded):
+    except (campaigns.CampaignDecided, CampaignNotEnded):
         return Outcome(200, f"campaign {campaign_id} was decided already")
     decision = "approved" if approve else "rejected"
     return Outcome(200, f"campaign {campaign_id} {decision} by {actor}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -29,20 +29,20 @@ from sqlalchemy.orm import Session
 from app import broker, notify
 from app.clock import utcnow
 from app.cycles import service as cycles
-from app.cycles.campaigns import limits, line, report, repository, review
+from app.cycles.campaigns import limits, line, members, report, repository, review
+from app.cycles.campaigns.context import NO_CHANGE
 from app.cycles.campaigns.models import Campaign, CampaignStep
 from app.cycles.campaigns.service import ENDS
-from app.cycles.judge import judge, keep
-from app.cycles.models import Cycle
+from app.cycles.judge import keep
 from app.cycles.states import TERMINAL
 from app.db import Stores
-from app.errors import AutopilotError, Unavailable
+from app.errors import AutopilotError, InvalidInput, Unavailable
 from app.forge import service as forge_service
 from app.forge.base import ProjectRef
 from app.git.exceptions import FetchFailed, PushFailed
 from app.git.work import GitWork
-from app.jobs import service as jobs
 from app.projects import service as projects
+from app.redaction import redact_text
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,10 @@ class Driver:
                 except AutopilotError as exc:
                     self._fail(campaign_id, exc.detail)
                     return "failed"
+                except Exception as exc:  # a bug or a missing piece: fail it, never spin
+                    log.exception("campaign %s: a move crashed", campaign_id)
+                    self._fail(campaign_id, f"unexpected error: {type(exc).__name__}: {exc}")
+                    return "failed"
                 if not moved:
                     return state
             broker.ring_campaign(self.settings, campaign_id)  # more to do: a doorbell, not a loop
@@ -93,7 +97,20 @@ class Driver:
 
     def _start_line(self, campaign_id: int, ref: ProjectRef) -> str:
         forge = forge_service.forge_for(self.settings, self.stores)
-        branch, sha = line.start(GitWork(self.settings), forge, ref, campaign_id)
+        with self.stores.ops_session() as session:
+            campaign = _get(session, campaign_id)
+            agent, experiment = campaign.agent, campaign.experiment
+        branch, sha, config = line.start(GitWork(self.settings), forge, ref, campaign_id)
+        # What the request named, checked against the config at the line's start (AutopilotError:
+        # the campaign fails at once, saying what to change, before any GPU is asked).
+        if experiment is not None:
+            config.experiment(experiment)
+        kind = config.agent.kind if agent is None else agent
+        if kind == "sweep":
+            raise InvalidInput(
+                "a campaign's steps change code, and the sweep agent changes none: name a "
+                "command or llm agent (agent = ...) or set [agent] kind in autopilot.toml"
+            )
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
             if campaign.start_sha is None:
@@ -114,7 +131,7 @@ class Driver:
                 if step.outcome is None:
                     moved |= self._judge_step(session, campaign, step, rings)
             if campaign.stop_requested:
-                moved |= _cancel_live(session, campaign, current)
+                moved |= members.cancel_live(session, campaign, current)
             pending = any(s.outcome is None for s in current)
             confirmed = any(s.outcome == "confirmed" for s in current)
             if moved:
@@ -140,6 +157,8 @@ class Driver:
             return False  # planned to analyzing, or waiting for a budget
         if cycle.state != "judged":
             reason = _ENDED.get(cycle.state, "failed")
+            if reason == "failed" and NO_CHANGE in (cycle.error or ""):
+                reason = "no_change"
             why = f"its cycle ended {cycle.state}" + (f": {cycle.error}" if cycle.error else "")
             _decide(step, "discarded", reason, f"Discarded ({reason}): {why}.")
             return True
@@ -153,7 +172,7 @@ class Driver:
             )
             return True
         try:
-            comparison = _comparison(session, cycle.id)
+            comparison = members.comparison(session, cycle.id)
         except (keep.KeepError, AutopilotError) as exc:
             _decide(step, "discarded", "failed", f"Discarded (failed): {exc}.")
             return True
@@ -177,7 +196,7 @@ class Driver:
                     "confirmation ran; a win is kept only once confirmed.",
                 )
                 return True
-            confirmation = _cycle(
+            confirmation = members.new_cycle(
                 campaign,
                 role="confirmation",
                 base_sha=step.tip_sha,
@@ -202,7 +221,7 @@ class Driver:
             )
             return True
         try:
-            outcome = keep.decide(comparison, _comparison(session, confirming.id))
+            outcome = keep.decide(comparison, members.comparison(session, confirming.id))
         except (keep.KeepError, AutopilotError) as exc:
             _decide(step, "discarded", "failed", f"Discarded (failed): {exc}.")
             return True
@@ -221,16 +240,28 @@ class Driver:
                 for s in repository.steps(session, campaign_id)
                 if s.round == campaign.round and s.outcome == "confirmed"
             ]
-            settled = keep.settle(
-                [
-                    keep.Step(
-                        str(s.cycle_id),
-                        _comparison(session, s.cycle_id),
-                        _comparison(session, int(s.confirmation_cycle_id or 0)),
-                    )
-                    for s in confirmed
-                ]
+            candidates = [
+                keep.Step(
+                    str(s.cycle_id),
+                    members.comparison(session, s.cycle_id),
+                    members.comparison(session, int(s.confirmation_cycle_id or 0)),
+                )
+                for s in confirmed
+            ]
+            # Compared by their intervals, the steps must judge one metric: those on another
+            # direction than the round's first confirmed step wait for the next tip.
+            direction = candidates[0].comparison.direction
+            settled: dict[str, keep.Outcome] = dict(
+                keep.settle([c for c in candidates if c.comparison.direction == direction])
             )
+            for other in candidates:
+                if other.comparison.direction != direction:
+                    settled[other.name] = keep.Discard(
+                        "superseded",
+                        "Discarded (superseded): confirmed, but on a metric another confirmed "
+                        "step of this round does not share; the line takes one candidate per "
+                        "tip, and this one may be proposed again at the new tip.",
+                    )
             chosen = next(s for s in confirmed if isinstance(settled[str(s.cycle_id)], keep.Keep))
             to_sha = cycles.get(session, chosen.cycle_id).candidate_sha
             start_sha, tip_sha = campaign.start_sha, campaign.tip_sha
@@ -249,9 +280,15 @@ class Driver:
         )
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
-            for step in repository.steps(session, campaign_id):
-                if step.round != campaign.round or step.outcome != "confirmed":
-                    continue
+            round_ = [
+                s
+                for s in repository.steps(session, campaign_id)
+                if s.round == campaign.round and s.outcome == "confirmed"
+            ]
+            # The superseded first, the kept one last: a keep ends a run of steps not kept.
+            for step in sorted(
+                round_, key=lambda s: isinstance(settled[str(s.cycle_id)], keep.Keep)
+            ):
                 outcome = settled[str(step.cycle_id)]
                 if isinstance(outcome, keep.Keep):
                     _decide(step, "kept", None, outcome.sentence)
@@ -275,7 +312,7 @@ class Driver:
             else:
                 campaign.round += 1
                 for _ in range(min(campaign.parallel, campaign.max_cycles - len(steps))):
-                    cycle = _cycle(campaign, role="step", base_sha=str(campaign.tip_sha))
+                    cycle = members.new_cycle(campaign, role="step", base_sha=str(campaign.tip_sha))
                     repository.add(session, cycle)
                     repository.add(
                         session,
@@ -306,13 +343,13 @@ class Driver:
                 return True
             if campaign.final_cycle_id is None:
                 first = cycles.get(session, kept[0].cycle_id)
-                final = _cycle(
+                final = members.new_cycle(
                     campaign,
                     role="final",
                     base_sha=str(campaign.start_sha),
                     candidate_sha=campaign.tip_sha,
                     experiment=campaign.experiment or first.experiment,
-                    parameters=first.parameters if not campaign.experiment else None,
+                    parameters=None,  # its defaults, as every step ran (`context.at_defaults`)
                     hypothesis=(
                         f"The line of campaign {campaign.id} ({len(kept)} kept step(s)) against "
                         "its start, on fresh runs: the cumulative result"
@@ -328,7 +365,7 @@ class Driver:
                 if final_cycle.state not in TERMINAL:
                     return False
                 if campaign.cumulative is None:
-                    campaign.cumulative = _cumulative(session, final_cycle)
+                    campaign.cumulative = members.cumulative(session, final_cycle)
                     _touch(campaign)
                     return True
         if ring is not None:
@@ -339,7 +376,7 @@ class Driver:
     def _open_pull_request(self, campaign_id: int, ref: ProjectRef) -> bool:
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
-            if campaign.pr_url is not None:
+            if campaign.pr_url is not None and campaign.finding_ids is not None:
                 _end(campaign, "")
                 return True
             rows = repository.steps(session, campaign_id)
@@ -355,10 +392,12 @@ class Driver:
         pr = forge_service.publish(
             git, forge, ref, branch, f"campaign-{campaign_id}", title=title, body=body
         )
+        with self.stores.ops_session() as session:  # the PR is the campaign's whatever follows
+            campaign = _get(session, campaign_id)
+            campaign.pr_number, campaign.pr_url = pr.number, pr.url
         finding_ids = review.record_findings(self.stores, campaign_id, ref, device_kind, pr.url)
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
-            campaign.pr_number, campaign.pr_url = pr.number, pr.url
             campaign.finding_ids = finding_ids
             _end(campaign, "")
             news = report.notice(campaign, ref, self.settings.dashboard_base_url)
@@ -377,14 +416,17 @@ class Driver:
             yield
 
     def _fail(self, campaign_id: int, message: str) -> None:
+        """End the campaign `failed`, and cancel its cycles still live: no GPU works for it."""
         log.warning("campaign %s failed: %s", campaign_id, message)
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
             if campaign.state not in ENDS:
                 _move(campaign, "failed")
-                campaign.error = message
+                campaign.error = redact_text(message)
                 campaign.finished_at = utcnow()
                 _touch(campaign)
+                for cycle_id in repository.live_cycles(session, campaign_id):
+                    cycles.cancel(session, cycle_id, f"campaign {campaign_id} failed")
 
 
 def _get(session: Session, campaign_id: int) -> Campaign:
@@ -420,56 +462,3 @@ def _end(campaign: Campaign, note: str) -> None:
         campaign.end_reason = (campaign.end_reason or "") + note
     campaign.finished_at = utcnow()
     _touch(campaign)
-
-
-def _cycle(campaign: Campaign, *, role: str, base_sha: str, **fields: object) -> Cycle:
-    """A new planned cycle of the campaign, starting at `base_sha`."""
-    return Cycle(
-        project_id=campaign.project_id,
-        state="planned",
-        agent=(campaign.agent or "config") if role == "step" else "campaign",
-        trigger="campaign",
-        campaign_id=campaign.id,
-        role=role,
-        base_sha=base_sha,
-        **fields,
-    )
-
-
-def _comparison(session: Session, cycle_id: int) -> keep.Comparison:
-    """The keep rule's reading of a judged cycle: the judge's verdict of its job's result."""
-    job = jobs.for_cycle(session, cycle_id)
-    if job is None:
-        raise keep.KeepError(f"cycle {cycle_id} has no job")
-    return keep.Comparison.from_judged(judge(dict(job.result or {}), dict(job.spec or {})))
-
-
-def _cumulative(session: Session, final: Cycle) -> dict[str, object]:
-    if final.state != "judged":
-        return {
-            "verdict": None,
-            "cycle_id": final.id,
-            "error": f"the final measurement (cycle {final.id}) ended {final.state}: {final.error}",
-        }
-    c = _comparison(session, final.id)
-    return {
-        "ratio": c.ratio,
-        "ci_low": c.ci_low,
-        "ci_high": c.ci_high,
-        "verdict": c.verdict,
-        "cycle_id": final.id,
-        "metric_source": c.metric_source,
-    }
-
-
-def _cancel_live(session: Session, campaign: Campaign, current: Sequence[CampaignStep]) -> bool:
-    """A stop: cancel the round's step cycles still in flight (confirmations run on)."""
-    moved = False
-    for step in current:
-        if step.outcome is not None:
-            continue
-        cycle = cycles.get(session, step.cycle_id)
-        if cycle.state not in TERMINAL:
-            cycles.cancel(session, cycle.id, campaign.created_by or "campaign stop")
-            moved = True
-    return moved

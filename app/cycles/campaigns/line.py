@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from app.forge import service as forge_service
 from app.forge.base import Forge, ProjectRef
+from app.git.exceptions import InvalidRef
 from app.git.refs import BRANCH_PREFIX, CycleBranch, check_sha
 from app.git.runner import check_branch_name, repo_lock
 from app.git.work import GitWork
+from app.projects.config import ProjectConfig
 
 
 def name(project: str, campaign_id: int) -> str:
@@ -34,13 +36,24 @@ def open_line(
     return line
 
 
-def start(git: GitWork, forge: Forge, project: ProjectRef, campaign_id: int) -> tuple[str, str]:
-    """Make the line at the base's tip now and push it: (its name, its start)."""
-    base_sha, _ = forge_service.config_at_base(git, forge, project)
+def start(
+    git: GitWork, forge: Forge, project: ProjectRef, campaign_id: int
+) -> tuple[str, str, ProjectConfig]:
+    """Make the line at the base's tip now and push it: its name, its start and the config
+    there. A line of that name left by an earlier campaign (an id reused after its project was
+    deleted) is refused rather than built on."""
+    base_sha, config = forge_service.config_at_base(git, forge, project)
     line = open_line(git, project, campaign_id, base_sha, create=True)
     sha = git.tip(line)
+    if sha != base_sha and not git.git.ok(
+        ["merge-base", "--is-ancestor", base_sha, sha], line.mirror
+    ):
+        raise InvalidRef(
+            f"branch {line.branch} already exists and does not start at the base: delete it "
+            "from the project's mirror and forge, or start another campaign"
+        )
     git.push(line, forge.remote_url(project))
-    return line.branch, sha
+    return line.branch, sha, config
 
 
 def advance(

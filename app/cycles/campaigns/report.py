@@ -53,7 +53,7 @@ def pr_body(
             f"`{str(campaign.start_sha)[:12]}`, on fresh runs with the same judge "
             f"(cycle {c.get('cycle_id')}): ratio "
             f"{_figures(c['ratio'], c.get('ci_low'), c.get('ci_high'))}"
-            f" (candidate / start), verdict **{c.get('verdict')}**, measured by "
+            f" (tip / start), verdict **{c.get('verdict')}**, measured by "
             f"{c.get('metric_source', 'the harness')}."
         )
     else:

@@ -10,8 +10,10 @@ from sqlalchemy.orm import Session
 
 from app.cycles.campaigns.models import Campaign, CampaignStep
 from app.cycles.models import Cycle
+from app.cycles.states import ALL, TERMINAL
 
 LIVE = ("running", "finishing")
+_LIVE = tuple(s for s in ALL if s not in TERMINAL)
 
 
 def add(session: Session, row: Campaign | CampaignStep | Cycle) -> None:
@@ -76,3 +78,19 @@ def undecided_with_pr(session: Session) -> list[tuple[int, int, int]]:
     )
     rows = session.execute(query.order_by(Campaign.id)).all()
     return [(c, p, n) for c, p, n in rows if n is not None]
+
+
+def planned_steps(session: Session, campaign_id: int, *, exclude: int) -> list[int]:
+    query = select(Cycle.id).where(
+        Cycle.campaign_id == campaign_id,
+        Cycle.role == "step",
+        Cycle.state == "planned",
+        Cycle.id != exclude,
+    )
+    return list(session.scalars(query.order_by(Cycle.id)))
+
+
+def live_cycles(session: Session, campaign_id: int) -> list[int]:
+    """The campaign's cycles not ended (any role)."""
+    query = select(Cycle.id).where(Cycle.campaign_id == campaign_id, Cycle.state.in_(_LIVE))
+    return list(session.scalars(query.order_by(Cycle.id)))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from app.cycles.campaigns import repository
 from app.cycles.campaigns.models import Campaign
-from app.cycles.campaigns.service import ENDS, CampaignEnded, get
+from app.cycles.campaigns.service import ENDS, CampaignNotEnded, get
 from app.cycles.headline import verdict_statement
 from app.db import Stores
 from app.errors import Conflict, InvalidInput
@@ -127,7 +127,7 @@ def review(
         with stores.ops_session() as session:
             campaign = get(session, campaign_id)
             if campaign.state not in ENDS or campaign.pr_number is None:
-                raise CampaignEnded(
+                raise CampaignNotEnded(
                     f"campaign {campaign_id} is {campaign.state} with no pull request yet; "
                     "its line is reviewed once it has ended with one"
                 )

@@ -30,6 +30,11 @@ class CampaignEnded(Conflict):
     title = "Campaign has ended"
 
 
+class CampaignNotEnded(Conflict):
+    slug = "campaign-not-ended"
+    title = "Campaign has not ended"
+
+
 def create(session: Session, body: CampaignCreate, by: str) -> Campaign:
     """A running campaign; its driver makes its line and its first round."""
     project = projects.get_project(session, body.project)  # ProjectNotFound names it
@@ -87,7 +92,8 @@ def stop(session: Session, campaign_id: int, by: str) -> Campaign:
         raise CampaignEnded(f"campaign {campaign_id} has already ended ({campaign.state})")
     if not campaign.stop_requested:
         campaign.stop_requested = True
-        campaign.end_reason = f"stopped by {by}"
+        # One finishing already keeps why it ends (a limit reached); it ends `stopped`.
+        campaign.end_reason = campaign.end_reason or f"stopped by {by}"
         campaign.updated_at = utcnow()
         session.flush()
     return campaign

@@ -12,8 +12,8 @@ fast-forwards to it) only when
     is such a win too.
 
 Anything else is discarded with one of `REASONS` and a sentence a reviewer can read. Among
-parallel steps from one tip that are all confirmed, `best_of` takes the one whose confirmed
-interval assures the largest improvement and supersedes the others. These are pure functions
+parallel steps from one tip that are all confirmed, `best_of` takes the one whose confirmation
+measured the largest improvement and supersedes the others. These are pure functions
 of the judge's output (`judge`), with no database: the campaign stores what they return.
 
 **Error control** (`ErrorBudget`). Under no effect the arms of a block are exchangeable (their
@@ -402,11 +402,14 @@ class Choice:
 
 def best_of(confirmed: Sequence[Step], *, budget: ErrorBudget = DEFAULT_BUDGET) -> Choice:
     """Of parallel steps from one tip, each kept by `decide`, the one that advances the line:
-    the largest improvement its confirmation's interval assures (the bound nearest no change;
-    the confirmation's, since the step's own estimate is the one that was selected for
-    winning), then the larger confirmed ratio, then the name. The others are superseded: each
-    may be proposed again at the new tip. No head-to-head run compares them: the choice is by
-    their intervals against the same tip. Raises `KeepError` for a step that is not kept."""
+    the largest improvement its confirmation measured (its ratio; the confirmation's, since the
+    step's own estimate is the one that was selected for winning), then the largest its
+    confirmation's interval assures (the bound nearest no change), then the name. Not the bound
+    first: a sequential confirmation stops at the first look where its interval clears 1, so
+    every confirmed bound sits just past 1 and ranking by it is ranking by noise. The others
+    are superseded: each may be proposed again at the new tip. No head-to-head run compares
+    them: the choice is by their estimates against the same tip. Raises `KeepError` for a step
+    that is not kept."""
     if not confirmed:
         raise KeepError("best_of needs at least one confirmed step")
     for s in confirmed:
@@ -419,26 +422,32 @@ def best_of(confirmed: Sequence[Step], *, budget: ErrorBudget = DEFAULT_BUDGET) 
         assert s.confirmation is not None  # decide kept it
         return s.confirmation.assured_gain
 
-    def rank(s: Step) -> tuple[float, float, str]:
+    def measured(s: Step) -> float:
+        """The improvement the confirmation measured, relative (its ratio's distance from 1)."""
         assert s.confirmation is not None
-        point = abs(math.log(s.confirmation.ratio))
-        return (-gain(s), -point, s.name)
+        return abs(math.log(s.confirmation.ratio))
+
+    def rank(s: Step) -> tuple[float, float, str]:
+        return (-measured(s), -gain(s), s.name)
+
+    def shown(s: Step) -> str:
+        assert s.confirmation is not None
+        return f"ratio {s.confirmation.ratio:.4f}, at least {gain(s):.2%}"
 
     ordered = sorted(confirmed, key=rank)
     best = ordered[0]
-    others = "; ".join(f"{s.name} {gain(s):.2%}" for s in ordered[1:])
+    others = "; ".join(f"{s.name} {shown(s)}" for s in ordered[1:])
     sentence = (
-        f"{best.name} advances the line: its confirmation assures an improvement of at least "
-        f"{gain(best):.2%} (its interval's bound nearest no change), the most of the "
-        f"{len(confirmed)} confirmed step(s) from this tip"
-        + (f" (the others: {others})." if others else ".")
+        f"{best.name} advances the line: its confirmation measured the largest improvement of "
+        f"the {len(confirmed)} confirmed step(s) from this tip ({shown(best)} by its interval's "
+        "bound nearest no change)" + (f" (the others: {others})." if others else ".")
     )
     superseded = {
         s.name: Discard(
             "superseded",
-            f"Discarded (superseded): confirmed, but {best.name} from the same tip assures more "
-            f"({gain(best):.2%} against {gain(s):.2%}); the line takes one candidate per tip, "
-            "and this one may be proposed again at the new tip.",
+            f"Discarded (superseded): confirmed, but {best.name} from the same tip measured more "
+            f"({shown(best)}, against {shown(s)}); the line takes one candidate per tip, and this "
+            "one may be proposed again at the new tip.",
         )
         for s in ordered[1:]
     }

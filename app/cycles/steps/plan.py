@@ -65,7 +65,8 @@ class Plan(Step):
                 base_sha, config = forge_service.config_at_base(self.git(), forge, ref)
         except FetchFailed as exc:
             raise Transient(exc.detail) from exc
-        over = self._over_token_budget(cycle_id, config)
+        # A confirmation or final measurement runs no agent: no token budget holds it.
+        over = None if fixed else self._over_token_budget(cycle_id, config)
         if over:
             with self.stores.ops_session() as session:
                 cycle = service.get(session, cycle_id)
@@ -77,11 +78,15 @@ class Plan(Step):
         # for the milliseconds that takes. An agent that works for minutes is not serialised.
         # So do the steps of one campaign's round: each agent is told what the steps planned
         # before it test, so that they differ (docs/design.md, "Research lines").
+        # A step that finds another planning waits (in `planned`, rung again when that one is
+        # done) rather than hold a control thread for the agent's minutes.
         serialise = kind == "sweep" and not requested[0]
-        lock = ref.name
-        if campaign_id is not None and not fixed:
+        lock, step = ref.name, campaign_id is not None and not fixed
+        if step:
             serialise, lock = True, f"campaign-{campaign_id}"
-        with self._plan_lock(lock) if serialise else contextlib.nullcontext():
+        with contextlib.ExitStack() as held:
+            if serialise and not held.enter_context(self._plan_lock(lock, wait=not step)):
+                return False
             if fixed:
                 experiment = config.experiment(str(requested[0]))
                 proposal = agents.Proposal(
@@ -115,6 +120,8 @@ class Plan(Step):
                         "live cycle; declare new points or state a changed hypothesis"
                     )
                 proposal = found
+                if step:  # the line's code alone differs: the step is judged at the defaults
+                    proposal = campaign_context.at_defaults(proposal, config)
             agents.validate(proposal, config)
             fp = memory.fingerprint(
                 ref.name, proposal.experiment, proposal.parameters, gpu_kind, proposal.change_id
@@ -147,17 +154,24 @@ class Plan(Step):
                     # base from here on (prepare makes its branch there without a fetch).
                     cycle.base_sha = base_sha
                     repository.set_state(session, cycle, "preparing")
+        if step and campaign_id is not None:  # the round's next step may plan now
+            campaign_context.ring_waiting(self.stores, self.settings, campaign_id, cycle_id)
         return True
 
     @contextlib.contextmanager
-    def _plan_lock(self, name: str) -> Iterator[None]:
+    def _plan_lock(self, name: str, *, wait: bool = True) -> Iterator[bool]:
         # On this control host, like Machine's cycle lock (several control hosts would use a
-        # PostgreSQL advisory lock). `name`: a project's, or `campaign-<id>`.
+        # PostgreSQL advisory lock). `name`: a project's, or `campaign-<id>`. Yields whether it
+        # is held (`wait=False`: False at once when another holds it).
         folder = self.settings.state_dir.absolute() / "cycles"
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / f"plan-{name}.lock", "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
 
     def _over_token_budget(self, cycle_id: int, config: ProjectConfig) -> str | None:
         """Why the cycle must wait for the project's LLM token budget, or None."""

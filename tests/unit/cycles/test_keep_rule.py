@@ -146,9 +146,9 @@ def test_the_largest_confirmed_improvement_advances_the_line_the_others_are_supe
     outcomes = keep.settle(parallel())
     assert isinstance(outcomes["large"], Keep)
     assert "large advances the line" in outcomes["large"].sentence
-    assert "8.00%" in outcomes["large"].sentence  # 1 - 0.92, the confirmed bound
+    assert "ratio 0.8800, at least 8.00%" in outcomes["large"].sentence  # 1 - 0.92: its bound
     for name in ("small", "middle"):
-        assert "large from the same tip assures more" in discarded(outcomes[name], "superseded")
+        assert "large from the same tip measured more" in discarded(outcomes[name], "superseded")
     discarded(outcomes["loser"], "loss")
 
 
@@ -326,3 +326,12 @@ def test_null_steps_are_kept_no_more_often_than_the_bound_and_one_win_is_not_eno
         kept += keep.decide(step, confirmation, budget=budget).kept
     assert wilson(kept, NULL_STEPS)[1] <= budget.per_step, (kept, naive)
     assert wilson(naive, NULL_STEPS)[0] > budget.per_step, (kept, naive)
+
+
+def test_a_larger_measured_gain_wins_over_a_bound_just_past_one() -> None:
+    """A sequential confirmation stops as soon as its interval clears 1, so the bounds of two
+    real wins both sit just past 1: the measured ratio decides, the bound only breaks ties."""
+    big = replace(CONFIRMED, seed=31, ratio=0.55, ci_low=0.40, ci_high=0.99)
+    small = replace(CONFIRMED, seed=41, ratio=0.80, ci_low=0.76, ci_high=0.98)
+    steps = [Step("big", replace(WIN, seed=30), big), Step("small", replace(WIN, seed=40), small)]
+    assert keep.best_of(steps).chosen == "big"
