@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from app.cycles.campaigns.models import Campaign, CampaignStep
+from app.cycles.judge.command import WINS
 from app.cycles.models import Cycle
 from app.forge.base import ProjectRef
 
@@ -27,6 +28,8 @@ def pr_title(campaign: Campaign, steps: Sequence[CampaignStep]) -> str:
     kept = sum(1 for s in steps if s.outcome == "kept")
     c = campaign.cumulative or {}
     figure = f", cumulative ratio {c['ratio']:.3f}" if isinstance(c.get("ratio"), float) else ""
+    if c.get("verdict") not in WINS:
+        figure += " (not a win together)"
     return f"Research line: campaign {campaign.id}, {kept} kept step(s){figure}"
 
 
@@ -58,6 +61,13 @@ def pr_body(
         )
     else:
         lines.append(f"Not measured: {c.get('error') or 'no final measurement'}.")
+    if c.get("verdict") not in WINS:
+        lines += [
+            "",
+            "**Read before approving: the line's tip is not measured better than its start** "
+            "(each kept step won on its own tip, but together, on fresh runs, they did not). "
+            "Approving validates the steps' findings all the same.",
+        ]
     lines += [
         "",
         "## Kept steps, in order",
