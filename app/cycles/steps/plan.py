@@ -84,78 +84,83 @@ class Plan(Step):
         lock, step = ref.name, campaign_id is not None and not fixed
         if step:
             serialise, lock = True, f"campaign-{campaign_id}"
-        with contextlib.ExitStack() as held:
-            if serialise and not held.enter_context(self._plan_lock(lock, wait=not step)):
-                return False
-            if fixed:
-                experiment = config.experiment(str(requested[0]))
-                proposal = agents.Proposal(
-                    hypothesis=preset or f"{requested[0]} on {gpu_kind}",
-                    experiment=str(requested[0]),
-                    parameters=experiment.check_parameters(dict(requested[1] or {})),
-                    changes="a campaign's candidate, run again: no agent",
-                )
-            elif requested[0]:
-                experiment = config.experiment(requested[0])
-                params = experiment.check_parameters(dict(requested[1] or {}))
-                proposal = agents.Proposal(
-                    hypothesis=changed or f"{requested[0]} at {params} on {gpu_kind}",
-                    experiment=requested[0],
-                    parameters=params,
-                    changes=changed or "",
-                )
-            else:
-                context = agent_context.build_context(self.stores, project, config, cycle_id)
-                if campaign_id is not None:
-                    campaign_context.add_line(self.stores, context, campaign_id, cycle_id)
-                agent = self._agent(cycle_id, kind, config, base_sha)
-                try:
-                    found = agent.propose(context)
-                except Exception:
-                    self._keep_exchange(cycle_id, agent)  # why it failed, for the reviewer
-                    raise
-                if found is None:
-                    raise agents.NothingToPropose(
-                        "every point of the declared parameter space has a recorded verdict or a "
-                        "live cycle; declare new points or state a changed hypothesis"
+        acquired = False
+        try:
+            with contextlib.ExitStack() as held:
+                if serialise and not held.enter_context(self._plan_lock(lock, wait=not step)):
+                    return False
+                acquired = True
+                if fixed:
+                    experiment = config.experiment(str(requested[0]))
+                    proposal = agents.Proposal(
+                        hypothesis=preset or f"{requested[0]} on {gpu_kind}",
+                        experiment=str(requested[0]),
+                        parameters=experiment.check_parameters(dict(requested[1] or {})),
+                        changes="a campaign's candidate, run again: no agent",
                     )
-                proposal = found
-                if step:  # the line's code alone differs: the step is judged at the defaults
-                    proposal = campaign_context.at_defaults(proposal, config)
-            agents.validate(proposal, config)
-            fp = memory.fingerprint(
-                ref.name, proposal.experiment, proposal.parameters, gpu_kind, proposal.change_id
-            )
-            repeat_id = None
-            if not fixed:  # a confirmation repeats its step on purpose: fresh blocks and seed
-                with self.stores.memory_session() as msession:
-                    repeat = memory.check_repeat(msession, fp)
-                    repeat_id = repeat.verdict.id if repeat else None
-            with self.stores.ops_session() as session:
-                cycle = service.get(session, cycle_id)
-                cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters
-                cycle.hypothesis, cycle.fingerprint = proposal.hypothesis, fp
-                cycle.proposal, cycle.agent_tokens = proposal.to_json(), proposal.tokens
-                cycle.agent_exchange = proposal.exchange
-                cycle.repeat_of = repeat_id
-                if repeat_id and not changed:
-                    # No repeat without a changed hypothesis: memory already judged this.
-                    repository.set_state(
-                        session,
-                        cycle,
-                        "skipped_repeat",
-                        error=(
-                            f"already judged: finding {repeat_id}; "
-                            "state changed_hypothesis to rerun"
-                        ),
+                elif requested[0]:
+                    experiment = config.experiment(requested[0])
+                    params = experiment.check_parameters(dict(requested[1] or {}))
+                    proposal = agents.Proposal(
+                        hypothesis=changed or f"{requested[0]} at {params} on {gpu_kind}",
+                        experiment=requested[0],
+                        parameters=params,
+                        changes=changed or "",
                     )
                 else:
-                    # The commit the config was read at and the agent worked on: the cycle's
-                    # base from here on (prepare makes its branch there without a fetch).
-                    cycle.base_sha = base_sha
-                    repository.set_state(session, cycle, "preparing")
-        if step and campaign_id is not None:  # the round's next step may plan now
-            campaign_context.ring_waiting(self.stores, self.settings, campaign_id, cycle_id)
+                    context = agent_context.build_context(self.stores, project, config, cycle_id)
+                    if campaign_id is not None:
+                        campaign_context.add_line(self.stores, context, campaign_id, cycle_id)
+                    agent = self._agent(cycle_id, kind, config, base_sha)
+                    try:
+                        found = agent.propose(context)
+                    except Exception:
+                        self._keep_exchange(cycle_id, agent)  # why it failed, for the reviewer
+                        raise
+                    if found is None:
+                        raise agents.NothingToPropose(
+                            "every point of the declared parameter space has a recorded verdict "
+                            "or a live cycle; declare new points or state a changed hypothesis"
+                        )
+                    proposal = found
+                    if step:  # the line's code alone differs: the step is judged at the defaults
+                        proposal = campaign_context.at_defaults(proposal, config)
+                agents.validate(proposal, config)
+                fp = memory.fingerprint(
+                    ref.name, proposal.experiment, proposal.parameters, gpu_kind, proposal.change_id
+                )
+                repeat_id = None
+                if not fixed:  # a confirmation repeats its step on purpose: fresh blocks and seed
+                    with self.stores.memory_session() as msession:
+                        repeat = memory.check_repeat(msession, fp)
+                        repeat_id = repeat.verdict.id if repeat else None
+                with self.stores.ops_session() as session:
+                    cycle = service.get(session, cycle_id)
+                    cycle.experiment, cycle.parameters = proposal.experiment, proposal.parameters
+                    cycle.hypothesis, cycle.fingerprint = proposal.hypothesis, fp
+                    cycle.proposal, cycle.agent_tokens = proposal.to_json(), proposal.tokens
+                    cycle.agent_exchange = proposal.exchange
+                    cycle.repeat_of = repeat_id
+                    if repeat_id and not changed:
+                        # No repeat without a changed hypothesis: memory already judged this.
+                        repository.set_state(
+                            session,
+                            cycle,
+                            "skipped_repeat",
+                            error=(
+                                f"already judged: finding {repeat_id}; "
+                                "state changed_hypothesis to rerun"
+                            ),
+                        )
+                    else:
+                        # The commit the config was read at and the agent worked on: the cycle's
+                        # base from here on (prepare makes its branch there without a fetch).
+                        cycle.base_sha = base_sha
+                        repository.set_state(session, cycle, "preparing")
+        finally:
+            if acquired and step and campaign_id is not None:
+                # the round's next step may plan now (this one planned, or failed to)
+                campaign_context.ring_waiting(self.stores, self.settings, campaign_id, cycle_id)
         return True
 
     @contextlib.contextmanager
