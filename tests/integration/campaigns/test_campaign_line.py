@@ -86,7 +86,7 @@ def campaign_repo(root: Path, name: str) -> Path:
     repo_dir.mkdir(parents=True)
     (repo_dir / "autopilot.toml").write_text(CONFIG.format(name=name, python=sys.executable))
     (repo_dir / "work.py").write_text(textwrap.dedent(WORK))
-    (repo_dir / "speed.py").write_text("DELAY = 0.3000\n")
+    (repo_dir / "speed.py").write_text("DELAY = 0.5000\n")  # well clear of start-up noise
     (repo_dir / "agent.py").write_text(AGENT)
     repo = git.Repo.init(repo_dir, initial_branch="main")
     repo.index.add(["autopilot.toml", "work.py", "speed.py", "agent.py"])
