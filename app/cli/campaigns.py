@@ -11,7 +11,14 @@ import typer
 from pydantic import ValidationError
 
 from app.cli.backend import Backend, choose
-from app.cli.common import describe_fields, echo_json, echo_table, exit_on_domain_error, fail
+from app.cli.common import (
+    describe_fields,
+    echo_json,
+    echo_table,
+    exit_on_domain_error,
+    fail,
+    minute,
+)
 from app.cycles.campaigns.schemas import CampaignCreate, CampaignState
 from app.cycles.campaigns.service import ENDS
 from app.cycles.headline import interval_text
@@ -110,7 +117,7 @@ def campaign_list(
             ("STEPS", lambda r: f"{len(r['steps'])}/{r['max_cycles']}"),
             ("KEPT", lambda r: r["kept"]),
             ("CUMULATIVE", lambda r: _cumulative(r["cumulative"], short=True)),
-            ("CREATED", lambda r: _minute(r["created_at"])),
+            ("CREATED", lambda r: minute(r["created_at"])),
             ("PR", lambda r: r["pr_url"]),
         ],
         empty=f"no campaigns match {filters}"
@@ -182,11 +189,6 @@ def _as_option(line: str) -> str:
     field, sep, message = line.partition(": ")
     name = field if field == "project" else f"--{field.replace('_', '-')}"
     return f"{name}{sep}{message}"
-
-
-def _minute(stamp: str | None) -> str | None:
-    """An ISO timestamp to the minute, as a person scans a list."""
-    return stamp[:16].replace("T", " ") if stamp else None
 
 
 def _figures(ratio: Any, low: Any, high: Any) -> str | None:

@@ -99,6 +99,11 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column], empty:
     typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
+def minute(stamp: str | None) -> str | None:
+    """An ISO timestamp to the minute, as a person scans a list."""
+    return stamp[:16].replace("T", " ") if stamp else None
+
+
 def _cell(value: Any) -> Text:
     # Text, not a str: a value such as "[unverified]" is shown as it is, never read as markup.
     return Text("-" if value is None or value == "" else str(value))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from app.cli.backend import choose
-from app.cli.common import echo_json, echo_table, exit_on_domain_error
+from app.cli.common import echo_json, echo_table, exit_on_domain_error, minute
 from app.cycles.states import SETTLED
 from app.errors import AutopilotError
 
@@ -69,7 +69,7 @@ def cycle_list(
             ("STATE", lambda r: r["state"]),
             ("VERDICT", lambda r: r["verdict"]),
             ("EXPERIMENT", lambda r: r["experiment"]),
-            ("CREATED", lambda r: _minute(r["created_at"])),
+            ("CREATED", lambda r: minute(r["created_at"])),
             ("PR", lambda r: r["pr_url"]),
         ],
         empty=f"no cycles match {filters}"
@@ -101,11 +101,6 @@ def cycle_cancel(cycle_id: Annotated[int, typer.Argument()]) -> None:
     except AutopilotError as exc:
         exit_on_domain_error(exc)
     typer.echo(f"cancelled cycle {cycle_id}")
-
-
-def _minute(stamp: str | None) -> str | None:
-    """An ISO timestamp to the minute, as a person scans a list."""
-    return stamp[:16].replace("T", " ") if stamp else None
 
 
 def _print(row: dict[str, Any], as_json: bool) -> None:

@@ -44,10 +44,6 @@ def steps(session: Session, campaign_id: int) -> Sequence[CampaignStep]:
     return session.scalars(query.order_by(CampaignStep.round, CampaignStep.cycle_id)).all()
 
 
-def step_of_cycle(session: Session, cycle_id: int) -> CampaignStep | None:
-    return session.scalars(select(CampaignStep).where(CampaignStep.cycle_id == cycle_id)).first()
-
-
 def cycles(session: Session, ids: Sequence[int]) -> dict[int, Cycle]:
     if not ids:
         return {}
