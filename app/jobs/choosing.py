@@ -26,6 +26,7 @@ def choose_next(
     besides_worker: str | None = None,
     ready_before: datetime | None = None,
     room: gangs.RoomOf | None = None,
+    reserved_too: bool = False,
 ) -> Job | None:
     """The oldest job of `queue` prepared on `host` that fits both budgets and the host's free
     GPUs; the caller holds the leasing lock (`repo.lock_leasing`) and claims it.
@@ -34,7 +35,8 @@ def choose_next(
     so however many of its jobs wait, the next project's job behind them is chosen; every
     waiting job shows the reason. `besides_worker` (a worker choosing its next job while it
     runs one) does not count that worker's own GPU against the budgets; `ready_before` skips
-    jobs whose preparation on `host` finished later.
+    jobs whose preparation on `host` finished later; `reserved_too` (an idle worker) counts the
+    jobs that busy workers have reserved as waiting in their place in line.
 
     Jobs of several GPUs, the host's reservation for them and backfill: `gangs.Line`.
     """
@@ -52,7 +54,12 @@ def choose_next(
         batch = [
             j
             for j in repo.leasable(
-                session, queue, exclude_projects=list(blocked), host=host, ready_before=ready_before
+                session,
+                queue,
+                exclude_projects=list(blocked),
+                host=host,
+                ready_before=ready_before,
+                reserved_too=reserved_too,
             )
             if j.id not in tried
         ]
@@ -74,9 +81,7 @@ def choose_next(
             # A job of several GPUs close behind that fits the host now goes first: the
             # window of free GPUs it needs is rare, and one-GPU jobs would break it up.
             gang = line.gang_ahead(job, batch[position + 1 :])
-            if line.stopped:  # a worker reserving its next job: not with a gang close behind
-                chosen = None
-            elif gang is not None:
+            if gang is not None:
                 if _over_budget(session, settings, gang, besides_worker) is None:
                     chosen = gang
                 else:

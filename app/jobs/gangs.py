@@ -178,16 +178,13 @@ class Line:
         several GPUs keep their own order, and a one-GPU job is passed at most by the jobs
         within the window behind it.
 
-        A worker reserving its next job (no room) reserves nothing with a job of several GPUs
-        that close behind (`stopped`): the reservation would hold `job` until that worker's
-        current job ends, while the GPUs the other job waits for sit idle."""
-        if job.gpus > 1 or self.reserved_for is not None or self.window < 2:
+        A worker reserving its next job (no room: its own GPU is busy) reserves `job`: were
+        GPUs to free up before it ends, an idle worker takes the reservation over
+        (`service.lease_next`)."""
+        if job.gpus > 1 or self.reserved_for is not None or self.window < 2 or self.room is None:
             return None
         behind = next((j for j in ahead[: self.window - 1] if j.gpus > 1), None)
         if behind is None:
-            return None
-        if self.room is None:
-            self.stopped = True
             return None
         room = self.room()
         if behind.gpus > room.capacity or not room.fits(behind.gpus):

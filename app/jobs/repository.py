@@ -43,14 +43,14 @@ def lock_leasing(session: Session) -> None:
     )
 
 
-def _waiting(queue: str) -> list[ColumnElement[bool]]:
-    return [
+def _waiting(queue: str, reserved_too: bool = False) -> list[ColumnElement[bool]]:
+    waiting = [
         Job.queue == queue,
         Job.state == JobState.QUEUED,
         Job.prepared_at.is_not(None),
         Job.cancel_requested_at.is_(None),
-        ~_reserved(),
     ]
+    return waiting if reserved_too else [*waiting, ~_reserved()]
 
 
 def _reserved() -> ColumnElement[bool]:
@@ -78,8 +78,11 @@ def leasable(
     exclude_projects: Sequence[int] = (),
     host: str | None = None,
     ready_before: datetime | None = None,
+    reserved_too: bool = False,
 ) -> Sequence[Job]:
-    query: Select[Job] = select(Job).where(*_waiting(queue))
+    """The first `limit` jobs waiting on `queue` in line order; `reserved_too`: with those
+    reserved by busy workers (an idle worker may take them over, `service.lease_next`)."""
+    query: Select[Job] = select(Job).where(*_waiting(queue, reserved_too))
     if host is not None:
         query = query.where(_ready_on(host, ready_before))
     if exclude_projects:

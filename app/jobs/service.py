@@ -6,6 +6,7 @@ Every function here runs inside the caller's transaction and only flushes.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import socket
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from app.jobs.models import Job, Lease, Worker
 from app.projects.config import Experiment, ProjectConfig
 from app.projects.models import Project
 from app.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class JobNotFound(NotFound):
@@ -221,6 +224,12 @@ def lease_next(
     Whatever doorbell woke the worker, it takes the job first in the global submission order;
     a duplicate doorbell finds nothing. A job of several GPUs comes with its members' seats
     (`gangs.py`; `alive`: which workers of the host are up). A seated worker takes nothing.
+
+    A job that a busy worker has reserved (`reservations.py`) keeps its place in line for an
+    idle one: a reservation only saves its worker a round trip at its current job's end, and
+    must never leave a job waiting while a GPU is idle (nor delay a job of several GPUs behind
+    it). The idle worker takes it over; the reserver learns it at its next renewal or start
+    (`LeaseLost`) and kills whatever it had started of it.
     """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
@@ -229,10 +238,17 @@ def lease_next(
         session.flush()
         return None
     room = gangs.room_on(session, queue=queue, host=host, worker=worker, alive=alive)
-    job = choose_next(session, settings, queue=queue, host=host, room=room)
-    if job is None or not repo.claim(session, job.id, worker, now):  # claimed under the lock
+    job = choose_next(session, settings, queue=queue, host=host, room=room, reserved_too=True)
+    # Claimed under the lock, and only while still queued: a reserved job its reserver has
+    # just started is not taken over.
+    if job is None or not repo.claim(session, job.id, worker, now):
         session.flush()
         return None
+    reservation = repo.lease_of(session, job.id)
+    if reservation is not None:
+        log.info("job %s: reserved by %s, taken by idle %s", job.id, reservation.worker, worker)
+        repo.delete(session, reservation)
+        session.flush()
     repo.refresh(session, job)
     if job.gpus > 1:
         device = gangs.take_seats(session, job, room(), host=host, leader_device=device)

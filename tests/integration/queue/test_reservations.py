@@ -43,13 +43,14 @@ def test_a_reserved_job_keeps_its_place_and_is_no_one_elses(
     stores: Stores, settings: Settings
 ) -> None:
     make_project(stores, "alpha")
-    first, second, third = (submit(stores, settings, "alpha") for _ in range(3))
+    first, other, second, third = (submit(stores, settings, "alpha") for _ in range(4))
     assert lease(stores, settings, "w1") == first
+    assert lease(stores, settings, "w2") == other
     assert reserve(stores, settings, "w1") == second
     reserved = row(stores, second)
     assert (reserved.state, reserved.attempts, reserved.workdir) == ("queued", 0, "/w")
-    # another worker skips it and takes the job behind it
-    assert lease(stores, settings, "w2") == third
+    # another busy worker reserving its next job skips it and takes the job behind it
+    assert reserve(stores, settings, "w2") == third
     # the reservation is a lease: the first worker's heartbeat renews it
     with stores.ops_session() as session:
         assert reservations.renew(session, settings, second, "w1")
@@ -175,3 +176,44 @@ def test_a_job_cancelled_while_reserved_stays_cancelled_whatever_ran(
         assert repo.lease_of(session, nxt) is None
     after = row(stores, nxt)
     assert (after.state, after.error, after.cancelled_by) == ("cancelled", None, "someone")
+
+
+def test_an_idle_worker_takes_over_a_reservation_first_in_line(
+    stores: Stores, settings: Settings
+) -> None:
+    """A reservation saves its worker a round trip; it never keeps a job from an idle GPU."""
+    make_project(stores, "alpha")
+    running, nxt, later = (submit(stores, settings, "alpha") for _ in range(3))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    # w2 is idle: the reserved job is first in line, so it is w2's now, leased once
+    assert lease(stores, settings, "w2") == nxt
+    taken = row(stores, nxt)
+    assert (taken.state, taken.worker, taken.attempts) == ("leased", "w2", 1)
+    with stores.ops_session() as session:
+        lease_row = repo.lease_of(session, nxt)
+        assert lease_row is not None and lease_row.worker == "w2"
+        # the reserver learns it at its next renewal, or when it tries to start it
+        assert not reservations.renew(session, settings, nxt, "w1")
+    with pytest.raises(jobs.LeaseLost, match="no longer reserved"):
+        start(stores, nxt, "w1")
+    assert row(stores, nxt).worker == "w2"
+    # and leases the next job in line when its own ends
+    finish(stores, running, "w1")
+    assert lease(stores, settings, "w1") == later
+
+
+def test_a_reserved_job_its_worker_started_is_not_taken_over(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    running, nxt, later = (submit(stores, settings, "alpha") for _ in range(3))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    finish(stores, running, "w1")
+    start(stores, nxt, "w1")
+    assert lease(stores, settings, "w2") == later
+    with stores.ops_session() as session:
+        lease_row = repo.lease_of(session, nxt)
+        assert lease_row is not None and lease_row.worker == "w1"
+    assert (row(stores, nxt).state, row(stores, nxt).attempts) == ("running", 1)

@@ -230,3 +230,53 @@ def test_the_next_job_is_reserved_while_one_runs_and_each_runs_once(
         from app.jobs.models import Lease
 
         assert session.query(Lease).count() == 0  # nothing left reserved or leased
+
+
+def test_an_idle_worker_takes_over_a_busy_workers_reservation_and_it_runs_once(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    """A reservation never keeps a job from an idle GPU (app/jobs/service.py, lease_next):
+    the second worker takes the job the first reserved behind its long one; the first one's
+    staged start never runs it."""
+    from workers import prepare
+
+    repo = make_repo(tmp_path, "probe-t")
+    workers.start("control", "control")
+    workers.start_api()
+    long_job = submit(stores, workers, repo, sleep_s=60)
+    nxt = submit(stores, workers, repo, sleep_s=0.05)
+    # both ready on this host before a worker starts: the first one to start reserves `nxt`
+    # at its long job's first line (no other worker of the host is idle then)
+    assert prepare.prepare_ahead(stores, workers.settings, "gpu.cpu", want=2, ring=False) == 2
+    env = {"AUTOPILOT_GPU_RESERVE_AFTER_S": "0"}
+    workers.start("gpu0", "gpu", "--kind", "cpu", "--device", "0", env=env)
+    busy = wait_for(lambda: job(stores, long_job).worker, timeout=120)
+
+    def reserver() -> str | None:
+        from app.jobs import repository as repo_rows
+
+        with stores.ops_session() as session:
+            lease = repo_rows.lease_of(session, nxt)
+            return lease.worker if lease is not None else None
+
+    reserved = wait_for(reserver, timeout=60)
+    assert reserved == busy and job(stores, nxt).state == "queued"
+    workers.start("gpu1", "gpu", "--kind", "cpu", "--device", "1", env=env)
+    done = wait_for(lambda: finished(stores, nxt), timeout=120)
+    assert done.state == "succeeded", (done.error, workers.logs())
+    assert done.worker not in (None, busy) and done.attempts == 1
+    assert len(runs(workers, nxt)) == 1
+    # the long job was never disturbed; cancelled, it leaves nothing leased or reserved
+    assert job(stores, long_job).state == "running"
+    with stores.ops_session() as session:
+        jobs.cancel(session, long_job, "test")
+    assert wait_for(lambda: finished(stores, long_job), timeout=60).state == "cancelled"
+    assert len(runs(workers, nxt)) == 1
+
+    def leases() -> int:
+        from app.jobs.models import Lease
+
+        with stores.ops_session() as session:
+            return session.query(Lease).count()
+
+    wait_for(lambda: leases() == 0, timeout=30)
