@@ -146,10 +146,7 @@ class RunLoop:
                         break  # shutting down: nothing more is leased, nor prepared for it
                     # Nothing this worker may take is ready here: the GPU is idle anyway, so
                     # prepare the next job in line now and lease it, with no doorbell.
-                    want = prepare.want_ready(self.stores, self.me.queue)
-                    if prepare.prepare_ahead(
-                        self.stores, self.settings, self.me.queue, want=want, ring=False
-                    ):
+                    if prepare.for_idle(self.stores, self.settings, self.me.queue, self.me.name):
                         continue
                     break
                 self._clean_when_due()

@@ -28,14 +28,14 @@ from app.errors import AutopilotError
 from app.git import mirror
 from app.git.exceptions import FetchFailed
 from app.git.work import GitWork
-from app.jobs import paths, preparation
+from app.jobs import gangs, paths, preparation
 from app.jobs import service as jobs
 from app.projects import command as command_kind
 from app.projects import config as project_config
 from app.projects import service as projects
 from app.redaction import redact_text
 from app.settings import Settings
-from workers import command_runs, control_client
+from workers import command_runs, control_client, gang_members
 from workers.launcher import confine, guard, runtime, venv, venv_progress
 from workers.launcher.launch import LaunchSpec
 from workers.reaper import ring_cycle
@@ -136,16 +136,31 @@ def prepare_ahead(
             return made
 
 
-def want_ready(stores: Stores, queue: str, ahead: int | None = None) -> int:
+def for_idle(stores: Stores, settings: Settings, queue: str, worker: str) -> int:
+    """An idle worker found nothing ready here: prepare what it may lease now (no doorbell)."""
+    want = want_ready(stores, queue, window=settings.gang_window, idle=worker)
+    return prepare_ahead(stores, settings, queue, want=want, ring=False)
+
+
+def want_ready(
+    stores: Stores, queue: str, ahead: int | None = None, *, window: int = 0, idle: str = ""
+) -> int:
     """How many jobs this host wants ready: `ahead` (the preparer's, while a GPU runs), or one
     (an idle worker that leased nothing). A job of several GPUs first in line and still waiting
     for them is not what the GPUs that free up meanwhile can run: then `ahead` more than it, or
-    one more than are ready (the jobs behind it may backfill)."""
+    one more than are ready (the jobs behind it may backfill). One within `window` of the head
+    of the line (`gang_window`) goes first only once prepared here: the host prepares up to it,
+    always while a GPU runs, and for an idle worker (`idle`, its name) only when it fits the
+    host's free GPUs now (else the GPU would wait on preparations that change nothing)."""
     host = socket.gethostname()
     with stores.ops_session() as session:
         first = jobs.first_waiting(session, queue, host)
         if first is None or first.gpus <= 1:
-            return 1 if ahead is None else ahead
+            to_gang = gangs.ready_for_window(
+                session, queue=queue, window=window, host=host, asking=idle or None,
+                alive=gang_members.alive if idle else None,
+            )  # fmt: skip
+            return max(1 if ahead is None else ahead, to_gang)
         if ahead is not None:
             return ahead + 1
         return preparation.ready_on(session, queue, host) + 1
@@ -471,7 +486,12 @@ class Preparer:
             if self._closed:
                 return
             try:
-                want = want_ready(self.stores, self.queue, ahead=self.settings.prepare_ahead)
+                want = want_ready(
+                    self.stores,
+                    self.queue,
+                    ahead=self.settings.prepare_ahead,
+                    window=self.settings.gang_window,
+                )
                 prepare_ahead(self.stores, self.settings, self.queue, want=want)
             except Exception:  # a preparation error is recorded per job; this is the DB away
                 log.warning("preparing ahead on %s failed", self.queue, exc_info=True)

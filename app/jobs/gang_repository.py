@@ -7,12 +7,35 @@ from collections.abc import Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from app.jobs.lifecycle import JobState
 from app.jobs.models import GangSeat, Job, Lease, Worker
 
 
 def seat_of(session: Session, worker: str) -> GangSeat | None:
     """The gang seat `worker` holds, if any: a seated worker leases nothing else."""
     return session.scalars(select(GangSeat).where(GangSeat.worker == worker)).one_or_none()
+
+
+def leads_gang(session: Session, worker: str) -> bool:
+    """Whether `worker` holds the lease of a job of several GPUs (it is that job's leader)."""
+    found = session.scalars(
+        select(Lease.id)
+        .join(Job, Job.id == Lease.job_id)
+        .where(Lease.worker == worker, Job.gpus > 1)
+        .limit(1)
+    ).first()
+    return found is not None
+
+
+def gpus_in_line(session: Session, queue: str, limit: int) -> Sequence[int]:
+    """The GPUs of the first `limit` jobs waiting on `queue`, in line order (prepared or not,
+    reserved or not)."""
+    return session.scalars(
+        select(Job.gpus)
+        .where(Job.queue == queue, Job.state == JobState.QUEUED, Job.cancel_requested_at.is_(None))
+        .order_by(Job.order_key, Job.id)
+        .limit(limit)
+    ).all()
 
 
 def seats(session: Session, job_id: int) -> Sequence[GangSeat]:

@@ -245,6 +245,36 @@ def room_on(session: Session, *, queue: str, host: str, worker: str, alive: Aliv
     return room
 
 
+def ready_for_window(
+    session: Session,
+    *,
+    queue: str,
+    window: int,
+    host: str,
+    asking: str | None = None,
+    alive: Alive | None = None,
+) -> int:
+    """How many jobs at the head of the line a host prepares so that `Line.gang_ahead` can see
+    the job of several GPUs within `window` of it (a job is only leased, or passed, once it is
+    prepared on the host): its place in line plus one, or 0 when there is none.
+
+    `asking` and `alive` (an idle worker, whose GPU waits while it prepares): only when the job
+    fits the host's free GPUs now, for otherwise it would not go first anyway."""
+    if window < 2:
+        return 0
+    line = list(gang_repo.gpus_in_line(session, queue, window))
+    at = next((i for i, gpus in enumerate(line) if (gpus or 1) > 1), None)
+    if at is None or at == 0:  # none, or first in line: the reservation's case
+        return 0
+    if asking is not None and alive is not None:
+        room = HostRoom.of(
+            session, host=host, kind=queue.removeprefix("gpu."), asking=asking, alive=alive
+        )
+        if not room.fits(line[at] or 1):
+            return 0
+    return at + 1
+
+
 def lease_devices(session: Session, job_id: int) -> str:
     """The devices the job's lease holds (a gang's: its leader's and its members')."""
     lease = repo.lease_of(session, job_id)

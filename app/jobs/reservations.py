@@ -21,6 +21,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session
 
 from app.clock import utcnow
+from app.jobs import gang_repository as gang_repo
 from app.jobs import gangs
 from app.jobs import repository as repo
 from app.jobs import service as jobs
@@ -48,10 +49,17 @@ def reserve_next(
     idle GPU to go to. (A reservation holds its job until the reserving worker's current job
     ends: it must never keep a job from an idle GPU.) With `alive`, nothing is reserved while
     another worker of the host is idle: the workers of a job of several GPUs that just ended
-    are idle at once, and a job ready long before is theirs, not the busy worker's.
+    are idle at once, and a job ready long before is theirs, not the busy worker's. The leader
+    of a job of several GPUs reserves nothing: when its job ends, the host's free GPUs are for
+    whatever the line gives them then.
     """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
+    if gang_repo.leads_gang(session, worker):
+        # Its job's end frees all of that job's GPUs at once: the moment a job of several
+        # GPUs close behind in line (`gang_window`) can start, which a reservation would take.
+        session.flush()
+        return None
     if alive is not None:
         idle = gangs.HostRoom.of(
             session, host=host, kind=queue.removeprefix("gpu."), asking=worker, alive=alive

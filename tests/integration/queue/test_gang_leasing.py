@@ -289,6 +289,65 @@ def test_a_busy_worker_reserves_nothing_while_a_worker_of_its_host_is_idle(
     assert reserved is not None and reserved.id == waiting
 
 
+def test_a_host_prepares_up_to_a_gang_within_the_window(
+    stores: Stores, settings: Settings, host: Host
+) -> None:
+    """A job of several GPUs goes first only once prepared on the host: the preparer prepares up
+    to it when it is within the window, and an idle worker only when it fits the host now."""
+    first, _ = submit(stores, settings, "one"), submit(stores, settings, "one")
+    submit(stores, settings, "four")
+
+    def want(window: int, asking: str | None = None) -> int:
+        with stores.ops_session() as session:
+            return gangs.ready_for_window(
+                session, queue="gpu.cpu", window=window, host=HOST, asking=asking,
+                alive=host.alive if asking else None,
+            )  # fmt: skip
+
+    assert want(8) == 3  # the gang is third in line
+    assert want(2) == 0  # beyond the window
+    assert want(0) == 0  # line order
+    assert want(8, asking="w0") == 3  # all four GPUs free
+    host.down.add("w3")
+    assert want(8, asking="w0") == 0  # three: it would not go first
+    host.down.clear()
+    in_order = settings.model_copy(update={"gang_window": 0})
+    assert host.lease(in_order, "w1") == first
+    assert want(8) == 2
+    assert want(8, asking="w0") == 0  # w1 is busy
+
+
+def test_a_gangs_leader_reserves_nothing(stores: Stores, settings: Settings, host: Host) -> None:
+    """The end of a job of several GPUs frees all of them at once: what runs next on them is the
+    line's to say then (a job of several GPUs close behind may go first), not a reservation."""
+    from app.jobs import reservations
+
+    gang = submit(stores, settings, "four")
+    assert host.lease(settings, "w0") == gang
+    waiting = submit(stores, settings, "one")
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
+
+    def reserve(worker: str) -> Job | None:
+        with stores.ops_session() as session:
+            return reservations.reserve_next(
+                session, at_once, queue="gpu.cpu", worker=worker, device=worker[1:], host=HOST,
+                alive=host.alive,
+            )  # fmt: skip
+
+    assert reserve("w0") is None
+    assert row(stores, waiting).state == "queued"
+    host.finish(gang, "w0")
+    # a leader of a one-GPU job reserves as before
+    running = submit(stores, settings, "one")
+    assert host.lease(settings, "w0") == waiting
+    assert host.lease(settings, "w1") == running
+    for name in ("w2", "w3"):
+        host.down.add(name)
+    later = submit(stores, settings, "one")
+    reserved = reserve("w0")
+    assert reserved is not None and reserved.id == later
+
+
 def test_a_gang_close_behind_that_fits_now_goes_first(
     stores: Stores, settings: Settings, host: Host
 ) -> None:
