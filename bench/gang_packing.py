@@ -44,7 +44,7 @@ from _common import Services, autopilot_env, bench_parser, machine, print_json, 
 from app import broker
 from app.db import Stores
 from app.jobs import service as jobs
-from app.jobs.models import Job
+from app.jobs.models import Job, Worker
 from app.projects import config as project_config
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
@@ -189,6 +189,16 @@ def run(args: Any, work: Path, window: int) -> dict[str, Any]:
             "--no-start-checks", "--loglevel", "WARNING",
         )  # fmt: skip
     try:
+        # The backlog arrives at a fleet that is up, as the bound assumes four GPUs from the start.
+        up_by = time.monotonic() + 120
+        while True:
+            services.check_alive()
+            with stores.ops_session() as session:
+                if session.query(Worker).filter(Worker.kind == "cpu").count() >= GPUS:
+                    break
+            if time.monotonic() > up_by:
+                raise RuntimeError("the four GPU workers did not register in 120 s")
+            time.sleep(0.2)
         cfg = project_config.load(repo)
         kinds = backlog(args.jobs, args.every, args.seed)
         ids = []

@@ -43,23 +43,47 @@ class NextJob:
         self._lost: int | None = None
         #: The reserved job, made ready to start (job id, what `runner.run_job` takes).
         self._staged: tuple[int, staging.Staged] | None = None
+        #: The reserved job made this worker's to run (`reservations.confirm`).
+        self._confirmed: int | None = None
 
     def take(self) -> Ticket | None:
         """The reserved job, to run now; None when none was reserved, or its reservation was
         lost before it started."""
         ticket, self.reserved = self.reserved, None
         lost, self._lost = self._lost, None
+        confirmed, self._confirmed = self._confirmed, None
         started = self._staged is not None and self._staged[1].proc is not None
-        if ticket is None or started:
-            # (lost but already started: recording its start fails, and that kills it)
+        if ticket is None or started or confirmed == ticket.job_id:
             return ticket
-        if lost == ticket.job_id or not self.gate.admits(ticket.time_limit_s):
+        if (
+            lost == ticket.job_id
+            or not self.gate.admits(ticket.time_limit_s)
+            or not self._confirm(ticket.job_id)
+        ):
             self._abandon(self._staged)
             self._staged = None
-            if lost != ticket.job_id:  # the worker drains, or it is too late for this job
-                self._give_back(ticket)
+            if lost != ticket.job_id and self._lost != ticket.job_id:
+                self._give_back(ticket)  # the worker drains, or it is too late for this job
+            self._lost = self._confirmed = None
             return None
+        self._confirmed = None
         return ticket
+
+    def _confirm(self, job_id: int) -> bool:
+        """Make the reserved job this worker's to run, before anything of it starts; False
+        (and it is lost) when an idle worker took it over or it was cancelled."""
+        try:
+            with self.stores.ops_session() as session:
+                mine = reservations.confirm(session, job_id, self.me.name)
+        except Exception:  # the reaper returns it to the queue when its lease lapses
+            log.warning("job %s: could not confirm the reservation", job_id, exc_info=True)
+            mine = False
+        if mine:
+            self._confirmed = job_id
+        else:
+            log.info("job %s: no longer reserved by %s", job_id, self.me.name)
+            self._lost = job_id
+        return mine
 
     def release(self) -> None:
         """Give the reservation back (the loop ends)."""
@@ -136,6 +160,7 @@ class NextJob:
             and self._lost != self._staged[0]
             and reserved is not None
             and self.gate.admits(reserved.time_limit_s)  # else `take` gives it back
+            and self._confirm(self._staged[0])  # else it is someone else's, or cancelled
         ):
             try:
                 self._staged[1].go()

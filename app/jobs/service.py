@@ -299,7 +299,11 @@ def mark_running(session: Session, job_id: int, worker: str, pid: int, pgid: int
 
 
 def mark_first_line(session: Session, job_id: int, worker: str, at: datetime) -> None:
-    """The job's first line of user code ran: the end of the GPU's idle gap."""
+    """The job's first line of user code ran: the end of the GPU's idle gap (recorded only by
+    the worker that holds the job)."""
+    lease = repo.lease_of(session, job_id)
+    if lease is None or lease.worker != worker:
+        return
     job = get(session, job_id)
     job.first_line_at = at
     row = repo.get_worker(session, worker)

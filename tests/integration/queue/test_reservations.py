@@ -217,3 +217,51 @@ def test_a_reserved_job_its_worker_started_is_not_taken_over(
         lease_row = repo.lease_of(session, nxt)
         assert lease_row is not None and lease_row.worker == "w1"
     assert (row(stores, nxt).state, row(stores, nxt).attempts) == ("running", 1)
+
+
+def confirm(stores: Stores, job_id: int, worker: str = "w1") -> bool:
+    with stores.ops_session() as session:
+        return reservations.confirm(session, job_id, worker)
+
+
+def test_a_reserved_job_runs_on_one_worker_whichever_wins(
+    stores: Stores, settings: Settings
+) -> None:
+    """The reserver makes the job its own (`confirm`) before anything of it starts, and an idle
+    worker's takeover claims it: both are conditional updates of a queued job, so exactly one
+    wins, and the loser never starts it."""
+    make_project(stores, "alpha")
+    running, first, second, later = (submit(stores, settings, "alpha") for _ in range(4))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == first
+    # the takeover first: the reserver's confirm fails, so it starts nothing
+    assert lease(stores, settings, "w2") == first
+    assert not confirm(stores, first, "w1")
+    assert (row(stores, first).state, row(stores, first).worker) == ("leased", "w2")
+    finish(stores, running, "w1")
+    # the confirm first: the job is the reserver's, and an idle worker takes the next one
+    assert lease(stores, settings, "w1") == second
+    assert reserve(stores, settings, "w1") == later
+    finish(stores, second, "w1")
+    assert confirm(stores, later, "w1")
+    with stores.ops_session() as session:
+        # a last renewal of the reservation by the ended job's heartbeat keeps it
+        assert reservations.renew(session, settings, later, "w1")
+    assert lease(stores, settings, "w3") is None
+    start(stores, later, "w1")
+    done = row(stores, later)
+    assert (done.state, done.worker, done.attempts) == ("running", "w1", 1)
+
+
+def test_a_job_cancelled_while_reserved_is_not_confirmed(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    running, nxt = submit(stores, settings, "alpha"), submit(stores, settings, "alpha")
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    with stores.ops_session() as session:
+        jobs.cancel(session, nxt, "someone")
+    assert not confirm(stores, nxt, "w1")
+    with stores.ops_session() as session:
+        assert repo.lease_of(session, nxt) is None
