@@ -280,3 +280,48 @@ def test_an_idle_worker_takes_over_a_busy_workers_reservation_and_it_runs_once(
             return session.query(Lease).count()
 
     wait_for(lambda: leases() == 0, timeout=30)
+
+
+def test_a_reserver_whose_job_ends_right_after_a_takeover_never_starts_the_job(
+    workers: Workers, stores: Stores, tmp_path: Path
+) -> None:
+    """The race of a takeover: the reserver's job ends before any renewal could tell it (its
+    heartbeat is slow here), with the reserved job staged on its parked interpreter. It makes
+    the reservation its own first (`reservations.confirm`), finds it taken, and starts nothing."""
+    import os
+    import signal
+
+    from app.jobs import repository as repo_rows
+    from workers import prepare
+
+    def holder(job_id: int) -> tuple[str, int | None] | None:
+        with stores.ops_session() as session:
+            lease = repo_rows.lease_of(session, job_id)
+            return (lease.worker, lease.pgid) if lease is not None else None
+
+    repo = make_repo(tmp_path, "probe-r")
+    workers.start("control", "control")
+    workers.start_api()
+    long_job = submit(stores, workers, repo, sleep_s=60)
+    nxt = submit(stores, workers, repo, sleep_s=3)
+    assert prepare.prepare_ahead(stores, workers.settings, "gpu.cpu", want=2, ring=False) == 2
+    slow = {
+        "AUTOPILOT_GPU_RESERVE_AFTER_S": "0",
+        "AUTOPILOT_HEARTBEAT_INTERVAL_S": "60",
+        "AUTOPILOT_LEASE_TTL_S": "180",
+    }
+    workers.start("gpu0", "gpu", "--kind", "cpu", "--device", "0", env=slow)
+    busy = wait_for(lambda: job(stores, long_job).worker, timeout=120)
+    assert wait_for(lambda: holder(nxt), timeout=60)[0] == busy  # reserved at its first line
+    workers.start("gpu1", "gpu", "--kind", "cpu", "--device", "1")
+    taker = wait_for(lambda: (h := holder(nxt)) is not None and h[0] != busy and h[0], timeout=120)
+    wait_for(lambda: len(runs(workers, nxt)) == 1, timeout=60)  # running on the taker
+    held = holder(long_job)
+    assert held is not None and held[0] == busy and held[1] is not None
+    os.killpg(held[1], signal.SIGKILL)  # the reserver's job ends now
+    # its end is handled (the staged start, if any, came first) once it no longer runs there
+    wait_for(lambda: job(stores, long_job).state != "running", timeout=60)
+    done = wait_for(lambda: finished(stores, nxt), timeout=120)
+    assert done.state == "succeeded", (done.error, workers.logs())
+    assert (done.worker, done.attempts) == (taker, 1)
+    assert len(runs(workers, nxt)) == 1, workers.logs()
