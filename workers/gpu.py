@@ -169,6 +169,7 @@ class RunLoop:
             device=self.me.device,
             host=self.me.host,
             alive=gang_members.alive,
+            may_take=self.next.may_take,
         )
         if job is None:
             return None
@@ -211,6 +212,7 @@ class RunLoop:
         stored on its own then."""
         mark = functools.partial(self._mark_started, ticket, pid, pgid, first_line_at)
         self.recorder.record(settle, mark)
+        self.next.started(ticket)
         self._run_after_start()
 
     def _mark_started(

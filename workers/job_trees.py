@@ -8,7 +8,7 @@ its row is gone (a deleted project's jobs). So do the fresh copies a command job
 One worker of a host sweeps at a time, at most every `SWEEP_EVERY_S` for the host (a lock and a
 stamp file in `jobs/`), in a thread of its own off the GPU's path, and only trees of jobs the
 ops DB says are finished: a job prepared ahead, waiting, reserved or running keeps its tree
-however old it is."""
+however old it is. The host's reservation claims (`claims.py`) older than that go too."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from app.db import Stores
 from app.jobs import paths
 from app.jobs import service as jobs
 from app.settings import Settings
+from workers.claims import Claims
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ def sweep(stores: Stores, settings: Settings) -> int:
             log.warning("job %s: its trees could not be removed", job_id, exc_info=True)
     if removed:
         log.info("removed the exported trees of %d finished job(s)", removed)
+    Claims(settings.state_dir).sweep(max(settings.job_tree_keep_s, settings.lease_ttl_s))
     return removed
 
 

@@ -11,8 +11,10 @@ from sqlalchemy.orm import Session
 
 from app.db import Stores
 from app.jobs import reservations
+from app.jobs.models import Job, Lease
 from app.settings import Settings
 from workers import gang_members, prepare
+from workers.claims import Claims
 from workers.launcher import runtime, staging
 from workers.launcher.launch import LaunchError
 from workers.lease_gate import GATE, LeaseGate, PastDeadline
@@ -43,47 +45,59 @@ class NextJob:
         self._lost: int | None = None
         #: The reserved job, made ready to start (job id, what `runner.run_job` takes).
         self._staged: tuple[int, staging.Staged] | None = None
-        #: The reserved job made this worker's to run (`reservations.confirm`).
-        self._confirmed: int | None = None
+        #: Whether this worker or an idle one starts a reserved job (`claims.py`).
+        self.claims = Claims(settings.state_dir)
+        self._claimed: int | None = None  # this worker starts it
+        self._refused: int | None = None  # an idle worker took it over
 
     def take(self) -> Ticket | None:
         """The reserved job, to run now; None when none was reserved, or its reservation was
         lost before it started."""
         ticket, self.reserved = self.reserved, None
         lost, self._lost = self._lost, None
-        confirmed, self._confirmed = self._confirmed, None
         started = self._staged is not None and self._staged[1].proc is not None
-        if ticket is None or started or confirmed == ticket.job_id:
+        if ticket is None or started:
+            # (lost but already started: recording its start fails, and that kills it)
             return ticket
         if (
             lost == ticket.job_id
             or not self.gate.admits(ticket.time_limit_s)
-            or not self._confirm(ticket.job_id)
+            or not self._claim(ticket)
         ):
             self._abandon(self._staged)
             self._staged = None
-            if lost != ticket.job_id and self._lost != ticket.job_id:
-                self._give_back(ticket)  # the worker drains, or it is too late for this job
-            self._lost = self._confirmed = None
+            if lost != ticket.job_id:  # drains, too late for it, or taken over meanwhile
+                self._give_back(ticket)
+            if self._refused == ticket.job_id:
+                self._refused = None
+                self.claims.forget(ticket.job_id, ticket.attempt, self.me.name)
             return None
-        self._confirmed = None
         return ticket
 
-    def _confirm(self, job_id: int) -> bool:
-        """Make the reserved job this worker's to run, before anything of it starts; False
-        (and it is lost) when an idle worker took it over or it was cancelled."""
-        try:
-            with self.stores.ops_session() as session:
-                mine = reservations.confirm(session, job_id, self.me.name)
-        except Exception:  # the reaper returns it to the queue when its lease lapses
-            log.warning("job %s: could not confirm the reservation", job_id, exc_info=True)
-            mine = False
-        if mine:
-            self._confirmed = job_id
-        else:
-            log.info("job %s: no longer reserved by %s", job_id, self.me.name)
-            self._lost = job_id
-        return mine
+    def may_take(self, job: Job, reservation: Lease) -> bool:
+        """For `jobs.lease_next`, as an idle worker: may this worker take over `job`, which
+        `reservation`'s worker of this host reserved? Only while that one has not started it."""
+        return self.claims.take(job.id, job.attempts or 0, reservation.worker)
+
+    def started(self, ticket: Ticket) -> None:
+        """The reserved job's start is in the ops DB: no idle worker can take it any more."""
+        if self._claimed == ticket.job_id:
+            self._claimed = None
+            self.claims.forget(ticket.job_id, ticket.attempt, self.me.name)
+
+    def _claim(self, ticket: Ticket) -> bool:
+        """The reserved job is about to start here: False (not started) when an idle worker
+        of this host has taken it over (`claims.py`; a file and a lock, off the database)."""
+        if self._claimed == ticket.job_id:
+            return True
+        if self._refused == ticket.job_id:
+            return False
+        if not self.claims.start(ticket.job_id, ticket.attempt, self.me.name):
+            log.info("job %s: taken over by an idle worker; not started here", ticket.job_id)
+            self._refused = ticket.job_id
+            return False
+        self._claimed = ticket.job_id
+        return True
 
     def release(self) -> None:
         """Give the reservation back (the loop ends)."""
@@ -160,7 +174,7 @@ class NextJob:
             and self._lost != self._staged[0]
             and reserved is not None
             and self.gate.admits(reserved.time_limit_s)  # else `take` gives it back
-            and self._confirm(self._staged[0])  # else it is someone else's, or cancelled
+            and self._claim(reserved)  # else an idle worker took it over: `take` gives it back
         ):
             try:
                 self._staged[1].go()

@@ -77,6 +77,8 @@ class Ticket:
     #: one-GPU job runs on its worker's (None).
     gpus: int = 1
     devices: str | None = None
+    #: The job's attempts when it was leased or reserved (a reservation's claim, `claims.py`).
+    attempt: int = 0
 
     def device_env(self, worker_device: str) -> str | None:
         """CUDA_VISIBLE_DEVICES of its runs: its gang's devices, or its worker's."""
@@ -98,6 +100,7 @@ class Ticket:
             time_limit_s=job.time_limit_s,
             reserved=reserved,
             gpus=job.gpus or 1,
+            attempt=job.attempts or 0,
         )
 
 

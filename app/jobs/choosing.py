@@ -3,6 +3,7 @@ and its host's free GPUs, with the line of jobs of several GPUs (`gangs.Line`)."
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -27,6 +28,7 @@ def choose_next(
     ready_before: datetime | None = None,
     room: gangs.RoomOf | None = None,
     reserved_too: bool = False,
+    skip: Collection[int] = (),
 ) -> Job | None:
     """The oldest job of `queue` prepared on `host` that fits both budgets and the host's free
     GPUs; the caller holds the leasing lock (`repo.lock_leasing`) and claims it.
@@ -36,7 +38,8 @@ def choose_next(
     waiting job shows the reason. `besides_worker` (a worker choosing its next job while it
     runs one) does not count that worker's own GPU against the budgets; `ready_before` skips
     jobs whose preparation on `host` finished later; `reserved_too` (an idle worker) counts the
-    jobs that busy workers have reserved as waiting in their place in line.
+    jobs that busy workers have reserved as waiting in their place in line; `skip`: jobs not to
+    take (reserved ones the caller may not take over).
 
     Jobs of several GPUs, the host's reservation for them and backfill: `gangs.Line`.
     """
@@ -47,7 +50,7 @@ def choose_next(
         repo.set_wait_reason(session, queue, globally)
         return None
     blocked: dict[int, str] = {}
-    tried: set[int] = set()
+    tried: set[int] = set(skip)
     chosen: Job | None = None
     line = gangs.Line(host, room, settings.gang_window)
     while chosen is None and not line.stopped:

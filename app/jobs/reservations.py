@@ -1,11 +1,12 @@
 """Reservations: the job a GPU worker runs next, leased while its current job runs.
 
 A worker reserves its next job at its current job's first line: a lease row on a job that
-stays `queued` (it keeps its place in the submission order, and an idle worker may still take
-it over: `service.lease_next`). When the current job ends, the worker makes the job its own in
-one conditional update (`confirm`: the one DB round trip on the GPU's idle gap, so that the job
-never runs on two workers), hands it to its parked interpreter, and only then records, in one
-transaction, the finished job's outcome and the reserved job's start (`start_reserved`).
+stays `queued` (it keeps its place in the submission order, is not yet running, and an idle
+worker of the same host may still take it over: `service.lease_next`). When the current job
+ends, the worker hands the reserved job to its parked interpreter at once, unless the host's
+claim on it (`workers/claims.py`) says an idle worker took it, and only then records, in one
+transaction, the finished job's outcome and the reserved job's start (`start_reserved`): no DB
+round trip on the GPU's idle gap.
 
 A reservation is a lease: its worker renews it with its running job's heartbeat, and the reaper
 returns a lapsed one to the queue (attempts unchanged: it never ran). One the worker cannot use
@@ -84,28 +85,10 @@ def reserve_next(
     return job
 
 
-def confirm(session: Session, job_id: int, worker: str) -> bool:
-    """Make the reserved job the worker's to run, before anything of it starts: it moves to
-    running under the worker's reservation in one conditional update, so an idle worker that
-    takes it over (`service.lease_next`, also a conditional update of a queued job) or a
-    cancel wins or loses cleanly, and the job never runs on both. False: it is no longer the
-    worker's (its reservation, if still there, is dropped)."""
-    lease = repo.lease_of(session, job_id)
-    if lease is None or lease.worker != worker:
-        return False
-    if not repo.promote(session, job_id, worker, utcnow()):
-        repo.delete(session, lease)  # cancelled while reserved
-        session.flush()
-        return False
-    session.flush()
-    return True
-
-
 def start_reserved(
     session: Session, job_id: int, worker: str, pid: int | None, pgid: int | None
 ) -> Job:
-    """The reserved job has been handed over (pid, pgid): mark it running (if `confirm` has not)
-    and the worker's own.
+    """The reserved job has been handed over (pid, pgid): mark it running and the worker's own.
 
     Raises LeaseLost when the reservation is no longer the worker's (it lapsed and another
     worker took the job) or the job was cancelled meanwhile: the caller kills what it started.
@@ -113,11 +96,10 @@ def start_reserved(
     lease = repo.lease_of(session, job_id)
     if lease is None or lease.worker != worker:
         raise jobs.LeaseLost(f"job {job_id} is no longer reserved by {worker}")
-    job = jobs.get(session, job_id)
-    confirmed = job.state == JobState.RUNNING and job.worker == worker
-    if not confirmed and not repo.promote(session, job_id, worker, utcnow()):
+    if not repo.promote(session, job_id, worker, utcnow()):
         raise jobs.LeaseLost(f"job {job_id} was cancelled while reserved by {worker}")
     lease.pid, lease.pgid = pid, pgid
+    job = jobs.get(session, job_id)
     repo.refresh(session, job)
     jobs.set_current_job(session, worker, job_id)
     session.flush()
@@ -131,8 +113,6 @@ def renew(session: Session, settings: Settings, job_id: int, worker: str) -> boo
     if lease is None or lease.worker != worker:
         return False
     job = jobs.get(session, job_id)
-    if job.state == JobState.RUNNING and job.worker == worker:
-        return True  # confirmed: its own heartbeat renews it from its start on
     if job.state != JobState.QUEUED or job.cancel_requested_at is not None:
         repo.delete(session, lease)
         session.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -209,6 +209,11 @@ def first_waiting(session: Session, queue: str, host: str | None = None) -> Job 
     return repo.first_waiting(session, queue, host)
 
 
+#: May an idle worker take over this job, reserved by another worker of its host (the host's
+#: claim on it, `workers/claims.py`)?
+MayTake = Callable[[Job, Lease], bool]
+
+
 def lease_next(
     session: Session,
     settings: Settings,
@@ -218,6 +223,7 @@ def lease_next(
     device: str,
     host: str | None = None,
     alive: gangs.Alive | None = None,
+    may_take: MayTake | None = None,
 ) -> Job | None:
     """Lease the oldest prepared job of `queue` that fits both budgets, in one transaction.
 
@@ -225,11 +231,12 @@ def lease_next(
     a duplicate doorbell finds nothing. A job of several GPUs comes with its members' seats
     (`gangs.py`; `alive`: which workers of the host are up). A seated worker takes nothing.
 
-    A job that a busy worker has reserved (`reservations.py`) keeps its place in line for an
-    idle one: a reservation only saves its worker a round trip at its current job's end, and
-    must never leave a job waiting while a GPU is idle (nor delay a job of several GPUs behind
-    it). The idle worker takes it over; the reserver learns it at its next renewal or start
-    (`LeaseLost`) and kills whatever it had started of it.
+    A job that a busy worker of the same host has reserved (`reservations.py`) keeps its place
+    in line for an idle one: a reservation only saves its worker a round trip at its current
+    job's end, and must never leave a job waiting while a GPU is idle (nor delay a job of
+    several GPUs behind it). The idle worker takes it over when `may_take` says its reserver
+    has not started it (decided on the host, off the reserver's idle gap); the reserver then
+    gives it back when its own job ends. Without `may_take`, reserved jobs are passed over.
     """
     host = host or socket.gethostname()
     repo.lock_leasing(session)
@@ -238,13 +245,21 @@ def lease_next(
         session.flush()
         return None
     room = gangs.room_on(session, queue=queue, host=host, worker=worker, alive=alive)
-    job = choose_next(session, settings, queue=queue, host=host, room=room, reserved_too=True)
-    # Claimed under the lock, and only while still queued: a reserved job its reserver has
-    # just started is not taken over.
+    passed: set[int] = set()
+    while True:
+        job = choose_next(
+            session, settings, queue=queue, host=host, room=room, reserved_too=True, skip=passed
+        )
+        reservation = repo.lease_of(session, job.id) if job is not None else None
+        if job is None or reservation is None:
+            break
+        if reservation.host == host and may_take is not None and may_take(job, reservation):
+            break
+        passed.add(job.id)  # its reserver's, or about to start there
+    # Claimed under the lock, and only while still queued.
     if job is None or not repo.claim(session, job.id, worker, now):
         session.flush()
         return None
-    reservation = repo.lease_of(session, job.id)
     if reservation is not None:
         log.info("job %s: reserved by %s, taken by idle %s", job.id, reservation.worker, worker)
         repo.delete(session, reservation)

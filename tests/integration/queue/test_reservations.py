@@ -4,6 +4,7 @@ its current job runs. Its place in the order, the budgets, cancellation, the rea
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import update
@@ -13,7 +14,7 @@ from app.jobs import reaping, reservations
 from app.jobs import repository as repo
 from app.jobs import service as jobs
 from app.jobs.lifecycle import End
-from app.jobs.models import JobPreparation, Lease
+from app.jobs.models import Job, JobPreparation, Lease
 from app.settings import Settings
 from tests.integration.queue.test_jobs_service import (
     expire_lease,
@@ -23,6 +24,7 @@ from tests.integration.queue.test_jobs_service import (
     row,
     submit,
 )
+from workers.claims import Claims
 
 
 def reserve(
@@ -178,8 +180,36 @@ def test_a_job_cancelled_while_reserved_stays_cancelled_whatever_ran(
     assert (after.state, after.error, after.cancelled_by) == ("cancelled", None, "someone")
 
 
+class Host:
+    """The claims of reserved jobs on this host (workers/claims.py), as its workers use them."""
+
+    def __init__(self, root: Path) -> None:
+        self.claims = Claims(root)
+
+    def lease(self, stores: Stores, settings: Settings, worker: str) -> int | None:
+        """`lease_next` as an idle worker of the host leases: it may take a reservation over."""
+
+        def may_take(job: Job, reservation: Lease) -> bool:
+            return self.claims.take(job.id, job.attempts, reservation.worker)
+
+        with stores.ops_session() as session:
+            job = jobs.lease_next(
+                session, settings, queue="gpu.cpu", worker=worker, device="", may_take=may_take
+            )
+            return job.id if job else None
+
+    def start(self, job_id: int, attempt: int, reserver: str) -> bool:
+        """The reserver's side, at its current job's end, before it starts the job."""
+        return self.claims.start(job_id, attempt, reserver)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    return Host(tmp_path)
+
+
 def test_an_idle_worker_takes_over_a_reservation_first_in_line(
-    stores: Stores, settings: Settings
+    stores: Stores, settings: Settings, host: Host
 ) -> None:
     """A reservation saves its worker a round trip; it never keeps a job from an idle GPU."""
     make_project(stores, "alpha")
@@ -187,14 +217,16 @@ def test_an_idle_worker_takes_over_a_reservation_first_in_line(
     assert lease(stores, settings, "w1") == running
     assert reserve(stores, settings, "w1") == nxt
     # w2 is idle: the reserved job is first in line, so it is w2's now, leased once
-    assert lease(stores, settings, "w2") == nxt
+    assert host.lease(stores, settings, "w2") == nxt
     taken = row(stores, nxt)
     assert (taken.state, taken.worker, taken.attempts) == ("leased", "w2", 1)
     with stores.ops_session() as session:
         lease_row = repo.lease_of(session, nxt)
         assert lease_row is not None and lease_row.worker == "w2"
-        # the reserver learns it at its next renewal, or when it tries to start it
+        # the reserver learns it at its next renewal
         assert not reservations.renew(session, settings, nxt, "w1")
+    # or when its own job ends: the host's claim says it was taken, so it starts nothing
+    assert not host.start(nxt, 0, "w1")
     with pytest.raises(jobs.LeaseLost, match="no longer reserved"):
         start(stores, nxt, "w1")
     assert row(stores, nxt).worker == "w2"
@@ -203,65 +235,72 @@ def test_an_idle_worker_takes_over_a_reservation_first_in_line(
     assert lease(stores, settings, "w1") == later
 
 
-def test_a_reserved_job_its_worker_started_is_not_taken_over(
-    stores: Stores, settings: Settings
+def test_a_reserved_job_its_worker_starts_is_not_taken_over(
+    stores: Stores, settings: Settings, host: Host
 ) -> None:
+    """The reserver's start at its job's end comes first: an idle worker takes the next job,
+    before and after the start is in the ops DB; without the host's claims it takes none."""
     make_project(stores, "alpha")
-    running, nxt, later = (submit(stores, settings, "alpha") for _ in range(3))
+    running, nxt, later, last = (submit(stores, settings, "alpha") for _ in range(4))
     assert lease(stores, settings, "w1") == running
     assert reserve(stores, settings, "w1") == nxt
+    assert lease(stores, settings, "w3") == later  # no claims: a reserved job is passed over
     finish(stores, running, "w1")
+    assert host.start(nxt, 0, "w1")  # handed to its interpreter: the DB still says queued
+    assert row(stores, nxt).state == "queued"
+    assert host.lease(stores, settings, "w2") == last
     start(stores, nxt, "w1")
-    assert lease(stores, settings, "w2") == later
     with stores.ops_session() as session:
         lease_row = repo.lease_of(session, nxt)
         assert lease_row is not None and lease_row.worker == "w1"
     assert (row(stores, nxt).state, row(stores, nxt).attempts) == ("running", 1)
 
 
-def confirm(stores: Stores, job_id: int, worker: str = "w1") -> bool:
-    with stores.ops_session() as session:
-        return reservations.confirm(session, job_id, worker)
-
-
-def test_a_reserved_job_runs_on_one_worker_whichever_wins(
-    stores: Stores, settings: Settings
+def test_a_reservation_on_another_host_is_not_taken_over(
+    stores: Stores, settings: Settings, host: Host
 ) -> None:
-    """The reserver makes the job its own (`confirm`) before anything of it starts, and an idle
-    worker's takeover claims it: both are conditional updates of a queued job, so exactly one
-    wins, and the loser never starts it."""
-    make_project(stores, "alpha")
-    running, first, second, later = (submit(stores, settings, "alpha") for _ in range(4))
-    assert lease(stores, settings, "w1") == running
-    assert reserve(stores, settings, "w1") == first
-    # the takeover first: the reserver's confirm fails, so it starts nothing
-    assert lease(stores, settings, "w2") == first
-    assert not confirm(stores, first, "w1")
-    assert (row(stores, first).state, row(stores, first).worker) == ("leased", "w2")
-    finish(stores, running, "w1")
-    # the confirm first: the job is the reserver's, and an idle worker takes the next one
-    assert lease(stores, settings, "w1") == second
-    assert reserve(stores, settings, "w1") == later
-    finish(stores, second, "w1")
-    assert confirm(stores, later, "w1")
-    with stores.ops_session() as session:
-        # a last renewal of the reservation by the ended job's heartbeat keeps it
-        assert reservations.renew(session, settings, later, "w1")
-    assert lease(stores, settings, "w3") is None
-    start(stores, later, "w1")
-    done = row(stores, later)
-    assert (done.state, done.worker, done.attempts) == ("running", "w1", 1)
-
-
-def test_a_job_cancelled_while_reserved_is_not_confirmed(
-    stores: Stores, settings: Settings
-) -> None:
+    """The claim is a file of the reserver's host: a worker elsewhere leaves its jobs alone."""
     make_project(stores, "alpha")
     running, nxt = submit(stores, settings, "alpha"), submit(stores, settings, "alpha")
     assert lease(stores, settings, "w1") == running
     assert reserve(stores, settings, "w1") == nxt
     with stores.ops_session() as session:
-        jobs.cancel(session, nxt, "someone")
-    assert not confirm(stores, nxt, "w1")
-    with stores.ops_session() as session:
-        assert repo.lease_of(session, nxt) is None
+        session.execute(update(Lease).where(Lease.job_id == nxt).values(host="elsewhere"))
+    assert host.lease(stores, settings, "w2") is None
+    assert row(stores, nxt).state == "queued"
+
+
+def test_the_claims_of_a_reservation_race_on_one_lock(tmp_path: Path) -> None:
+    """Whichever of the reserver's start and an idle worker's takeover writes first wins, in
+    any interleaving of processes: many pairs raced, never both, never neither."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(2) as pool:
+        for job_id in range(40):
+            start_ = pool.apply_async(_race, (tmp_path, "start", job_id))
+            take_ = pool.apply_async(_race, (tmp_path, "take", job_id))
+            assert start_.get(timeout=30) != take_.get(timeout=30), job_id
+    # a later reservation of the same job (a new attempt) is decided afresh
+    claims = Claims(tmp_path)
+    assert claims.take(100, 0, "w1") and not claims.start(100, 0, "w1")
+    assert claims.start(100, 1, "w1") and not claims.take(100, 1, "w1")
+    claims.forget(100, 1, "w1")
+    assert claims.take(100, 1, "w1")
+
+
+def _race(root: Path, side: str, job_id: int) -> bool:
+    claims = Claims(root)
+    return claims.start(job_id, 0, "w1") if side == "start" else claims.take(job_id, 0, "w1")
+
+
+def test_old_claims_are_swept(tmp_path: Path) -> None:
+    import os
+    import time
+
+    claims = Claims(tmp_path)
+    assert claims.start(1, 0, "w1") and claims.take(2, 0, "w1")
+    old = time.time() - 7200
+    os.utime(claims.path(1, 0, "w1"), (old, old))
+    assert claims.sweep(3600) == 1
+    assert not claims.path(1, 0, "w1").exists() and claims.path(2, 0, "w1").exists()
