@@ -5,6 +5,7 @@ interpreter parked for it, so that the current job's exit starts it with one pip
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session
@@ -48,7 +49,10 @@ class NextJob:
         #: Whether this worker or an idle one starts a reserved job (`claims.py`).
         self.claims = Claims(settings.state_dir)
         self._claimed: int | None = None  # this worker starts it
-        self._refused: int | None = None  # an idle worker took it over
+        self._refused: int | None = None  # an idle worker took it over, or it may have lapsed
+        #: When the reservation was last made or renewed (monotonic): one not renewed for
+        #: about a lease's time may have lapsed and gone to another worker, and is not started.
+        self._renewed = 0.0
 
     def take(self) -> Ticket | None:
         """The reserved job, to run now; None when none was reserved, or its reservation was
@@ -68,9 +72,7 @@ class NextJob:
             self._staged = None
             if lost != ticket.job_id:  # drains, too late for it, or taken over meanwhile
                 self._give_back(ticket)
-            if self._refused == ticket.job_id:
-                self._refused = None
-                self.claims.forget(ticket.job_id, ticket.attempt, self.me.name)
+            self._forget(ticket)
             return None
         return ticket
 
@@ -82,15 +84,26 @@ class NextJob:
     def started(self, ticket: Ticket) -> None:
         """The reserved job's start is in the ops DB: no idle worker can take it any more."""
         if self._claimed == ticket.job_id:
-            self._claimed = None
+            self._forget(ticket)
+
+    def _forget(self, ticket: Ticket) -> None:
+        """The reservation is over (started, given back or lost): its claim decides nothing."""
+        if ticket.job_id in (self._claimed, self._refused):
             self.claims.forget(ticket.job_id, ticket.attempt, self.me.name)
+        self._claimed = self._refused = None
 
     def _claim(self, ticket: Ticket) -> bool:
         """The reserved job is about to start here: False (not started) when an idle worker
-        of this host has taken it over (`claims.py`; a file and a lock, off the database)."""
+        of this host has taken it over (`claims.py`; a file and a lock, off the database), or
+        when its reservation, not renewed for about a lease's time, may have lapsed."""
         if self._claimed == ticket.job_id:
             return True
         if self._refused == ticket.job_id:
+            return False
+        since = time.monotonic() - self._renewed
+        if since > self.settings.lease_ttl_s - self.settings.heartbeat_interval_s:
+            log.info("job %s: reservation unrenewed for %.0f s: not started", ticket.job_id, since)
+            self._refused = ticket.job_id
             return False
         if not self.claims.start(ticket.job_id, ticket.attempt, self.me.name):
             log.info("job %s: taken over by an idle worker; not started here", ticket.job_id)
@@ -106,6 +119,7 @@ class NextJob:
         ticket, self.reserved = self.reserved, None
         if ticket is not None:
             self._give_back(ticket)
+            self._forget(ticket)
 
     def _give_back(self, ticket: Ticket) -> None:
         """The reserved job waits in its place in the queue again."""
@@ -118,9 +132,11 @@ class NextJob:
     def renew(self, session: Session) -> None:
         """Called by the running job's heartbeat (same transaction): keep the reservation."""
         ticket = self.reserved
-        if ticket is not None and not reservations.renew(
-            session, self.settings, ticket.job_id, self.me.name
-        ):
+        if ticket is None:
+            return
+        if reservations.renew(session, self.settings, ticket.job_id, self.me.name):
+            self._renewed = time.monotonic()
+        else:
             self._lost = ticket.job_id
 
     def reserve(self) -> Ticket | None:
@@ -142,6 +158,8 @@ class NextJob:
                 if job is not None:  # too late already: rolled back, the job stays queued
                     self.gate.check(job.id, job.time_limit_s)
                 self.reserved = Ticket.of(job, reserved=True) if job is not None else None
+                self._claimed = self._refused = None  # (any earlier one is over)
+                self._renewed = time.monotonic()
         except PastDeadline as exc:
             log.info("%s", exc)
         except Exception:

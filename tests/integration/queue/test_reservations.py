@@ -304,3 +304,32 @@ def test_old_claims_are_swept(tmp_path: Path) -> None:
     os.utime(claims.path(1, 0, "w1"), (old, old))
     assert claims.sweep(3600) == 1
     assert not claims.path(1, 0, "w1").exists() and claims.path(2, 0, "w1").exists()
+
+
+def test_a_reservation_unrenewed_for_about_a_lease_is_not_started(
+    stores: Stores, settings: Settings
+) -> None:
+    """A reservation whose renewals failed may have lapsed and gone to another worker: at its
+    turn the reserver gives it back instead of starting it (no DB round trip to ask)."""
+    from workers.next_job import NextJob
+    from workers.tickets import WorkerIdentity
+
+    make_project(stores, "alpha")
+    running, first, second = (submit(stores, settings, "alpha") for _ in range(3))
+    me = WorkerIdentity(name="w1", kind="cpu", device="")
+    assert lease(stores, settings, me.name) == running
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
+    nxt = NextJob(stores, at_once, me, spares=None, discard=lambda _: None)  # type: ignore[arg-type]
+    reserved = nxt.reserve()
+    assert reserved is not None and reserved.job_id == first
+    taken = nxt.take()  # renewed just now: its turn, it is this worker's to start
+    assert taken is not None and taken.job_id == first
+    start(stores, first, me.name)
+    finish(stores, running, me.name)
+    reserved = nxt.reserve()
+    assert reserved is not None and reserved.job_id == second
+    nxt._renewed -= at_once.lease_ttl_s  # its renewals failed for a lease's time
+    assert nxt.take() is None
+    with stores.ops_session() as session:
+        assert repo.lease_of(session, second) is None  # given back: first in line again
+    assert row(stores, second).state == "queued"
