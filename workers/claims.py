@@ -61,8 +61,12 @@ class Claims:
         return removed
 
     def _write(self, path: Path, mark: bytes, *, refuse: bytes) -> bool:
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:  # the host's first claim (this runs on the GPU's idle gap)
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.read(fd, 16) == refuse:

@@ -267,10 +267,8 @@ def ready_for_window(
     if at is None or at == 0:  # none, or first in line: the reservation's case
         return 0
     if asking is not None and alive is not None:
-        room = HostRoom.of(
-            session, host=host, kind=queue.removeprefix("gpu."), asking=asking, alive=alive
-        )
-        if not room.fits(line[at] or 1):
+        room = room_on(session, queue=queue, host=host, worker=asking, alive=alive)
+        if not room().fits(line[at] or 1):
             return 0
     return at + 1
 
