@@ -8,22 +8,58 @@ server is an error, never a skip.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine
 
 from app import migrate
 from app.db import Stores
 from app.settings import Settings
+from tests.support import leftovers, schemas
 
 POSTGRES_URL = os.environ.get("AUTOPILOT_TEST_POSTGRES_URL")
-REDIS_URL = os.environ.get("AUTOPILOT_TEST_REDIS_URL")
 REQUIRE_SERVICES = os.environ.get("AUTOPILOT_TEST_REQUIRE_SERVICES") == "1"
+#: The pytest-xdist worker this process is ("gw0", "gw1", ...; "" without xdist).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _redis_url_of_this_worker(url: str | None) -> str | None:
+    """Each xdist worker gets a Redis database of its own (1 + its number), so one worker's
+    `flushdb` or queues never touch another's; without xdist, the configured database."""
+    if not url or not XDIST_WORKER:
+        return url
+    number = int(XDIST_WORKER.removeprefix("gw") or 0)
+    base, _, _ = url.rpartition("/") if url.count("/") > 2 else (url, "", "")
+    return f"{base}/{1 + number % 15}"
+
+
+REDIS_URL = _redis_url_of_this_worker(os.environ.get("AUTOPILOT_TEST_REDIS_URL"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leftovers.mark_session()  # before xdist starts its workers: they inherit the mark
+    config.addinivalue_line(
+        "markers",
+        "stores(*names): the stacks a test of the `backend` fixture runs on (default: sqlite; "
+        "name postgres where PostgreSQL's semantics matter: locks, SKIP LOCKED, concurrency)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test of the `backend` fixture runs once per stack its `stores` marker names;
+    SQLite alone when it names none (the behaviour is the same there: it runs once)."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if any(
+        "backend" in getattr(m, "args", ()) for m in metafunc.definition.iter_markers("parametrize")
+    ):
+        return
+    marker = metafunc.definition.get_closest_marker("stores")
+    names = marker.args if marker is not None else ("sqlite",)
+    metafunc.parametrize("backend", names, indirect=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -36,6 +72,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     import redis
 
     redis.Redis.from_url(REDIS_URL or "", socket_connect_timeout=3).ping()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No test leaves a process behind: what this run started and is still alive (found by
+    the run's mark in its environment) is named, killed, and fails the run. Checked once, by
+    the process that started the run (with xdist, after every worker has ended)."""
+    if XDIST_WORKER:
+        return
+    left = leftovers.kill_left()
+    if left:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            "processes left behind by the tests (killed now):\n" + "\n".join(left), red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _postgres_admin_engine():  # type: ignore[no-untyped-def]
@@ -59,34 +110,34 @@ class Backend:
     name: str
     memory_url: str
     ops_url: str
+    #: Both stores were made from the migrated schema (the test asked for `stores`).
+    migrated: bool = False
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    """Empty memory and ops databases of one kind; PostgreSQL ones are created and dropped."""
+@pytest.fixture(scope="session")
+def schema_templates(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemas.Templates]:
+    """Both stores migrated once per session (per xdist worker): each test's stores are copies."""
+    templates = schemas.Templates(
+        tmp_path_factory.mktemp("schema"), POSTGRES_URL, XDIST_WORKER or "main"
+    )
+    yield templates
+    templates.drop()
+
+
+@pytest.fixture
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, schema_templates: schemas.Templates
+) -> Iterator[Backend]:
+    """Memory and ops databases of one kind, of their own: migrated copies of the session's
+    template when the test uses `stores`, else empty. PostgreSQL ones are dropped after."""
+    migrated = "stores" in request.fixturenames
     if request.param == "sqlite":
-        yield Backend(
-            "sqlite", f"sqlite:///{tmp_path / 'memory.db'}", f"sqlite:///{tmp_path / 'ops.db'}"
-        )
+        urls = schema_templates.sqlite(tmp_path, migrated=migrated)
+        yield Backend("sqlite", *urls, migrated=migrated)
         return
-    base = make_url(need_postgres())
-    suffix = uuid.uuid4().hex[:10]
-    names = {"memory": f"ap_test_memory_{suffix}", "ops": f"ap_test_ops_{suffix}"}
-    admin = _postgres_admin_engine()
-    with admin.connect() as connection:
-        for name in names.values():
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield Backend(
-            "postgres",
-            base.set(database=names["memory"]).render_as_string(hide_password=False),
-            base.set(database=names["ops"]).render_as_string(hide_password=False),
-        )
-    finally:
-        with admin.connect() as connection:
-            for name in names.values():
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    need_postgres()
+    with schema_templates.postgres(migrated=migrated) as urls:
+        yield Backend("postgres", *urls, migrated=migrated)
 
 
 @pytest.fixture
@@ -100,9 +151,20 @@ def settings(backend: Backend, tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
-def stores(settings: Settings) -> Iterator[Stores]:
-    """Both stores migrated to head."""
-    migrate.upgrade(settings)
+def stores(settings: Settings, request: pytest.FixtureRequest) -> Iterator[Stores]:
+    """Both stores at head: the backend's migrated copies, or migrated here when the test's
+    settings name other databases."""
+    backend: Backend | None = (
+        request.getfixturevalue("backend") if "backend" in request.fixturenames else None
+    )
+    copied = (
+        backend is not None
+        and backend.migrated
+        and (settings.memory_database_url, settings.ops_database_url)
+        == (backend.memory_url, backend.ops_url)
+    )
+    if not copied:
+        migrate.upgrade(settings)
     stores = Stores.from_settings(settings)
     yield stores
     stores.dispose()

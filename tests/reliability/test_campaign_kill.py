@@ -30,7 +30,11 @@ from tests.integration.queue.conftest import Workers
 from tests.reliability.conftest import production_variant_only, variant
 from tests.support import alive, bearer, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(420)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(420),
+]
 
 STEPS = 3
 # Every step is a real speed-up: each is kept, so the line advances at every step.
@@ -112,7 +116,7 @@ def test_a_campaign_survives_sigkills_of_its_control_and_gpu_workers(
                 break
             if what == "control died":
                 assert detail == 137, workers.logs()[-4000:]
-                workers.procs.pop("control")
+                workers.kill("control")  # what it left in its process group goes too
                 restarts += 1
                 workers.start(f"control{restarts}", "control", "--beat", faults=faults)
                 workers.procs["control"] = workers.procs.pop(f"control{restarts}")

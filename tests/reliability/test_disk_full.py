@@ -31,7 +31,11 @@ from tests.reliability.conftest import (
 from tests.support import wait_for
 from workers import prepare
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(180),
+]
 
 NO_SPACE = "No space left on device"
 

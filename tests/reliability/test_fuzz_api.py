@@ -30,7 +30,11 @@ from tests.support import bearer
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is not installed")
 from schemathesis import checks  # noqa: E402 - only once schemathesis is known to be there
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(120),
+]
 
 MAX_EXAMPLES = 50
 CHECKS = [

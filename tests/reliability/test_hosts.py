@@ -27,7 +27,11 @@ from tests.integration.queue.conftest import Workers, make_repo
 from tests.reliability.conftest import job_rows, leases_of, need_tools, skip_or_fail
 from tests.support import alive, bearer, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(240),
+]
 
 HOSTS = ("gpu-host-a", "gpu-host-b")
 CYCLES = 20

@@ -40,7 +40,11 @@ from tests.reliability.conftest import (
 )
 from tests.support import wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(330)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(330),
+]
 
 JOBS = int(os.environ.get("AUTOPILOT_RELIABILITY_LOAD_JOBS", "500"))
 SLEEP_S = 0.05

@@ -24,7 +24,11 @@ from tests.integration.queue.conftest import Workers, make_repo, settings_env
 from tests.reliability.conftest import job, submit, variant
 from tests.support import port_open, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(180),
+]
 
 
 def _start_gpu_worker(workers: Workers, name: str, state_dir: Path) -> subprocess.Popen[bytes]:

@@ -31,7 +31,11 @@ from app.settings import Settings
 from tests.reliability.conftest import free_port
 from tests.support import bearer, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(180),
+]
 
 PROBLEM_JSON = "application/problem+json"
 

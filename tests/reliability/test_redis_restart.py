@@ -24,7 +24,11 @@ from tests.integration.queue.conftest import Workers, make_repo
 from tests.reliability.conftest import finished, job, need_tools
 from tests.support import bearer, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(240),
+]
 
 PORT = 6379
 # Exactly how the machine's (CI's) Redis was started: restarted the same way.

@@ -24,7 +24,11 @@ from tests.reliability.conftest import (
 )
 from tests.support import alive, wait_for
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.stores("sqlite", "postgres"),
+    pytest.mark.timeout(240),
+]
 
 KILLS = 5
 BATCH = 10

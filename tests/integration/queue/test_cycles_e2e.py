@@ -133,7 +133,7 @@ def test_control_crash_between_commit_and_publish_gives_one_pr(
         ).json()["id"]
         # The control worker dies right after the commit step recorded its transition.
         assert crashing.wait(timeout=180) == 137
-        workers.procs.pop("control")
+        workers.kill("control")  # what it left in its process group goes too
         state = client.get(f"/api/v1/cycles/{cycle_id}", headers=bearer(token)).json()
         assert state["state"] == "publishing" and state["commit_sha"]
         # A fresh control worker with the reaper notices the stalled cycle and finishes it.
