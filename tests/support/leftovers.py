@@ -33,7 +33,10 @@ def _marked(pid: int, needle: bytes) -> bool:
 
 
 def _xdist_worker_of(pid: int, parent: int) -> bool:
-    """An xdist worker of this controller (it ends with the run, not a test's leftover)."""
+    """An xdist worker of this controller (it ends with the run, not a test's leftover); a
+    worker's own children are never that."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return False
     try:
         ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         environ = Path(f"/proc/{pid}/environ").read_bytes()
