@@ -35,6 +35,7 @@ from autopilot_harness._torch import require_torch
 from autopilot_harness.protocol import (
     SCHEMA_VERSION,
     EventStream,
+    ExperimentConfig,
     Spec,
     SpecError,
     Tolerance,
@@ -422,16 +423,23 @@ def _margin(acc: accuracy.Accuracy) -> float:
     return acc.max_abs_error / bound if bound > 0 else float("inf")
 
 
+def _ratio_estimate(comp: Mapping[str, Any]) -> stats.RatioEstimate:
+    return stats.RatioEstimate(comp["ratio"], comp["ci_low"], comp["ci_high"], comp["n"])
+
+
 def _decide_again(section: dict[str, Any], passes: Mapping[str, bool]) -> None:
     """The verdicts of `section` with the accuracy known after every check."""
     floor = section["noise"]["floor"]
     for comp in section["comparisons"]:
-        est = stats.RatioEstimate(comp["ratio"], comp["ci_low"], comp["ci_high"], comp["n"])
-        comp["verdict"] = stats.decide(est, floor, accuracy_pass=passes[comp["variant"]])
+        comp["verdict"] = stats.decide(
+            _ratio_estimate(comp), floor, accuracy_pass=passes[comp["variant"]]
+        )
 
 
-def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
-    torch = require_torch()
+def _build_case(experiment: Experiment, ctx: Context) -> Case:
+    """The spec's case, refused before any of it runs when it cannot be measured: shapes that
+    do not fit the device, a build that raises, clashing names, or fresh inputs without a
+    reference that takes them."""
     spec = ctx.spec
     if experiment.memory_bytes is not None:
         check_memory(float(experiment.memory_bytes(spec.parameters)), spec.device)
@@ -446,184 +454,261 @@ def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
         raise ExperimentError(
             f"a case needs distinct variant names and at least one variant: {names}"
         )
-
     fresh = case.make_inputs is not None
     if fresh and case.reference is not None and not callable(case.reference):
         raise ExperimentError("a case with make_inputs needs a callable reference(*inputs)")
-    checks = _Checks(case, ctx)
-    ctx.log(f"accuracy gate for {', '.join(names)}")
-    # The reference's answer comes first, before any variant has run (docs/experiments.md,
-    # "What the harness defends against").
-    gate_expected = checks.expected(checks.gate_inputs())
-    for variant in [case.baseline, *case.variants]:
-        args = checks.gate_inputs()
-        with torch.no_grad():
-            out = _call_checked(variant, args)
-        if gate_expected is None:  # no reference: the baseline's answer is the reference
-            gate_expected = out
-            checks.fixed_expected = out
-        checks.record(variant.name, out, gate_expected, "the first call")
-        del out
+    return case
 
-    backward = ctx.option("backward")
-    fixed = tuple(case.inputs) if fresh else ()
-    calls: dict[str, Callable[[], Any]] = {}
-    arms: dict[str, Arm] = {}
-    for variant in [case.baseline, *case.variants]:
-        fn = _bound(variant.fn, fixed)
-        if backward:
-            for tensor in case.inputs:
-                if tensor.is_floating_point() or tensor.is_complex():
-                    tensor.requires_grad_(True)
-            fn = _with_backward(fn, case.inputs)
-        calls[variant.name] = fn
-        arms[variant.name] = checks.arm(variant, backward)
 
-    warmups = {}
-    for name, fn in calls.items():
-        try:
-            w = warm_up(fn, ctx.timer)
-        except Exception as exc:
-            raise ExperimentError(f"variant {name!r} raised {type(exc).__name__}: {exc}") from exc
-        warmups[name] = {"calls": w.calls, "settled": w.settled, "median_ns": w.median_ns}
+class _CaseRun:
+    """One case measured, phase by phase, in the order `_run_case` calls the phases.
 
-    n_candidates = len(case.variants)
-    checks.draw(
-        {case.baseline.name: ctx.repeats * (2 + n_candidates)}
-        | {v.name: ctx.repeats for v in case.variants}
-    )
-    ctx.log(f"timing {ctx.repeats} interleaved rounds")
-    passes = checks.passes  # updated as calls are checked; verdicts are decided after
-    timed = _compare(
-        arms[case.baseline.name],
-        {v.name: arms[v.name] for v in case.variants},
-        ctx,
-        stage="timing",
-        accuracy_pass=passes,
-        baseline_name=case.baseline.name,
-    )
-    ctx.log("checking outputs and the reference after the timing loop")
-    for variant in [case.baseline, *case.variants]:
-        checks.after_loop(variant)
-    checks.reference_unchanged(gate_expected)
-    del gate_expected
-    _decide_again(timed, checks.passes)
-    for comp in timed["comparisons"]:
-        comp["baseline"] = case.baseline.name
-        comp["accuracy"] = checks.report(comp["variant"])
-        comp["warmup"] = warmups[comp["variant"]]
+    The reference's answer for the first call's inputs and the timing loop's samples are not
+    attributes: `_run_case` holds them as locals and hands them to the phases that need them,
+    and lets go of the answer (a full-size tensor, on the GPU too) once it has been checked
+    again after the loop.
+    """
 
-    graph_section = None
-    if ctx.option("cuda_graph") and spec.device == "cuda":
-        if backward:
-            graph_section = {"skipped": "graph replay is measured for the forward pass only"}
-        else:
-            ctx.log("timing CUDA-graph replays")
-            graphed = {name: _graphed(fn) for name, fn in calls.items()}
-            graph_section = _compare(
-                graphed[case.baseline.name],
-                {v.name: graphed[v.name] for v in case.variants},
-                ctx,
-                stage="cuda_graph",
-                accuracy_pass=passes,
-            )
+    def __init__(self, experiment: Experiment, ctx: Context) -> None:
+        # torch and the spec as they are before the project's build runs
+        self.torch = require_torch()
+        self.experiment, self.ctx, self.spec = experiment, ctx, ctx.spec
+        self.case = _build_case(experiment, ctx)
+        self.checks = _Checks(self.case, ctx)
 
-    peak = (
-        roofline.known_peak(torch.cuda.get_device_name(), case.dtype)
-        if spec.device == "cuda"
-        else None
-    )
-    if peak is None:
-        peak = roofline.cpu_probe(ctx.timer) if spec.device == "cpu" else None
-    medians = {case.baseline.name: float(np.median(timed["noise"]["samples"]["a_ns"]))}
-    for comp in timed["comparisons"]:
-        medians[comp["variant"]] = float(np.median(comp["samples"]["b_ns"]))
-    roof = {"peak": peak, "variants": {}}
-    for variant in [case.baseline, *case.variants]:
-        flops = variant.flops if variant.flops is not None else case.flops
-        moved = variant.bytes_moved if variant.bytes_moved is not None else case.bytes_moved
-        roof["variants"][variant.name] = roofline.achieved(
-            medians[variant.name], flops, moved, peak
+    def gate(self) -> Any:
+        """Each variant's first call checked; returns the answer it was checked against."""
+        case, checks = self.case, self.checks
+        names = [case.baseline.name, *(v.name for v in case.variants)]
+        self.ctx.log(f"accuracy gate for {', '.join(names)}")
+        # The reference's answer comes first, before any variant has run (docs/experiments.md,
+        # "What the harness defends against").
+        expected = checks.expected(checks.gate_inputs())
+        for variant in [case.baseline, *case.variants]:
+            args = checks.gate_inputs()
+            with self.torch.no_grad():
+                out = _call_checked(variant, args)
+            if expected is None:  # no reference: the baseline's answer is the reference
+                expected = out
+                checks.fixed_expected = out
+            checks.record(variant.name, out, expected, "the first call")
+            del out
+        return expected
+
+    def timed_calls(self, backward: bool) -> tuple[dict[str, Callable[[], Any]], dict[str, Arm]]:
+        """Each variant as warm-up, graph capture and the thread sweep call it (on the case's
+        own inputs), and as the timing loop calls it (`_Checks.arm`)."""
+        case = self.case
+        fixed = tuple(case.inputs) if self.checks.fresh else ()
+        calls: dict[str, Callable[[], Any]] = {}
+        arms: dict[str, Arm] = {}
+        for variant in [case.baseline, *case.variants]:
+            fn = _bound(variant.fn, fixed)
+            if backward:
+                for tensor in case.inputs:
+                    if tensor.is_floating_point() or tensor.is_complex():
+                        tensor.requires_grad_(True)
+                fn = _with_backward(fn, case.inputs)
+            calls[variant.name] = fn
+            arms[variant.name] = self.checks.arm(variant, backward)
+        return calls, arms
+
+    def warm_ups(self, calls: Mapping[str, Callable[[], Any]]) -> dict[str, dict[str, Any]]:
+        """Each variant called until its times settle; what that took, for the result."""
+        warmups = {}
+        for name, fn in calls.items():
+            try:
+                w = warm_up(fn, self.ctx.timer)
+            except Exception as exc:
+                raise ExperimentError(
+                    f"variant {name!r} raised {type(exc).__name__}: {exc}"
+                ) from exc
+            warmups[name] = {"calls": w.calls, "settled": w.settled, "median_ns": w.median_ns}
+        return warmups
+
+    def timing_loop(self, arms: Mapping[str, Arm]) -> dict[str, Any]:
+        """The interleaved rounds, with the calls whose outputs are checked drawn first."""
+        case, ctx = self.case, self.ctx
+        n_candidates = len(case.variants)
+        self.checks.draw(
+            {case.baseline.name: ctx.repeats * (2 + n_candidates)}
+            | {v.name: ctx.repeats for v in case.variants}
         )
-
-    sweep = None
-    if spec.device == "cpu" and ctx.option("thread_sweep", default=True):
-        ctx.log("thread sweep")
-        sweep = roofline.thread_sweep(calls, ctx.timer)
-
-    fact = None
-    if experiment.factorial is not None and ctx.option("factorial", default=True):
-        ctx.log("factorial over levers")
-        design = experiment.factorial(ctx)
-        combos = factorial.combinations(design.levers)
-        fns = {factorial.label(c): design.make(c) for c in combos}
-        for fn in fns.values():
-            warm_up(fn, ctx.timer, max_seconds=2.0)
-        base_label = factorial.label(frozenset())
-        fact_timed = _compare(
-            fns[base_label],
-            {k: v for k, v in fns.items() if k != base_label},
+        ctx.log(f"timing {ctx.repeats} interleaved rounds")
+        return _compare(
+            arms[case.baseline.name],
+            {v.name: arms[v.name] for v in case.variants},
             ctx,
-            stage="factorial",
-            accuracy_pass=dict.fromkeys(fns, True),
+            stage="timing",
+            # updated as calls are checked; verdicts are decided again after the loop
+            accuracy_pass=self.checks.passes,
+            baseline_name=case.baseline.name,
         )
-        by_label = {c["variant"]: c for c in fact_timed["comparisons"]}
-        estimates = {
-            c: stats.RatioEstimate(
-                by_label[factorial.label(c)]["ratio"],
-                by_label[factorial.label(c)]["ci_low"],
-                by_label[factorial.label(c)]["ci_high"],
-                by_label[factorial.label(c)]["n"],
-            )
-            for c in combos
-            if c
-        }
-        fact = factorial.summarise(design.levers, estimates)
-        fact["noise_floor"] = fact_timed["noise"]["floor"]
 
-    study = None
-    if experiment.study is not None:
-        ctx.log("study")
+    def check_after_loop(self, gate_expected: Any) -> None:
+        """One more checked call of each variant, and the reference's answer for the first
+        call's inputs computed again (`_Checks.reference_unchanged`)."""
+        self.ctx.log("checking outputs and the reference after the timing loop")
+        for variant in [self.case.baseline, *self.case.variants]:
+            self.checks.after_loop(variant)
+        self.checks.reference_unchanged(gate_expected)
+
+    def final_verdicts(self, timed: dict[str, Any], warmups: Mapping[str, Any]) -> None:
+        """The timing loop's verdicts with every check's accuracy, and what each comparison
+        was against, how accurate it was and how it warmed up."""
+        _decide_again(timed, self.checks.passes)
+        for comp in timed["comparisons"]:
+            comp["baseline"] = self.case.baseline.name
+            comp["accuracy"] = self.checks.report(comp["variant"])
+            comp["warmup"] = warmups[comp["variant"]]
+
+    def graph_replays(
+        self, calls: Mapping[str, Callable[[], Any]], backward: bool
+    ) -> dict[str, Any] | None:
+        """The variants' CUDA-graph replays compared, when the spec asks and the device has
+        them; the forward pass only."""
+        ctx, case = self.ctx, self.case
+        if not (ctx.option("cuda_graph") and self.spec.device == "cuda"):
+            return None
+        if backward:
+            return {"skipped": "graph replay is measured for the forward pass only"}
+        ctx.log("timing CUDA-graph replays")
+        graphed = {name: _graphed(fn) for name, fn in calls.items()}
+        return _compare(
+            graphed[case.baseline.name],
+            {v.name: graphed[v.name] for v in case.variants},
+            ctx,
+            stage="cuda_graph",
+            accuracy_pass=self.checks.passes,
+        )
+
+    def peak(self) -> dict[str, Any] | None:
+        """The device's peak: known for a named GPU, measured on a CPU."""
+        device = self.spec.device
+        peak = (
+            roofline.known_peak(self.torch.cuda.get_device_name(), self.case.dtype)
+            if device == "cuda"
+            else None
+        )
+        if peak is None:
+            peak = roofline.cpu_probe(self.ctx.timer) if device == "cpu" else None
+        return peak
+
+    def achieved(self, timed: Mapping[str, Any]) -> dict[str, Any]:
+        """What each variant achieved of the peak at its median time in the timing loop."""
+        case = self.case
+        peak = self.peak()
+        medians = {case.baseline.name: float(np.median(timed["noise"]["samples"]["a_ns"]))}
+        for comp in timed["comparisons"]:
+            medians[comp["variant"]] = float(np.median(comp["samples"]["b_ns"]))
+        roof: dict[str, Any] = {"peak": peak, "variants": {}}
+        for variant in [case.baseline, *case.variants]:
+            flops = variant.flops if variant.flops is not None else case.flops
+            moved = variant.bytes_moved if variant.bytes_moved is not None else case.bytes_moved
+            roof["variants"][variant.name] = roofline.achieved(
+                medians[variant.name], flops, moved, peak
+            )
+        return roof
+
+    def thread_sweep(self, calls: dict[str, Callable[[], Any]]) -> dict[str, Any] | None:
+        if not (self.spec.device == "cpu" and self.ctx.option("thread_sweep", default=True)):
+            return None
+        self.ctx.log("thread sweep")
+        return roofline.thread_sweep(calls, self.ctx.timer)
+
+    def study(self) -> dict[str, Any] | None:
+        if self.experiment.study is None:
+            return None
+        self.ctx.log("study")
         try:
-            study = experiment.study(ctx, case)
+            return self.experiment.study(self.ctx, self.case)
         except Exception as exc:
             raise ExperimentError(f"the study raised {type(exc).__name__}: {exc}") from exc
 
-    untouched = _untouched(ctx)
-    head = timed["comparisons"][0]
-    return {
-        "ratio": head["ratio"],
-        "ci_low": head["ci_low"],
-        "ci_high": head["ci_high"],
-        "verdict": head["verdict"],
-        "headline": {
-            "variant": head["variant"],
-            "baseline": case.baseline.name,
-            "metric": "ratio",
-            "ratio": head["ratio"],
-            "ci_low": head["ci_low"],
-            "ci_high": head["ci_high"],
-            "verdict": head["verdict"],
-        },
-        "noise_floor": timed["noise"],
-        "baseline": {
-            "name": case.baseline.name,
-            "accuracy": checks.report(case.baseline.name),
-            "warmup": warmups[case.baseline.name],
-        },
-        "comparisons": timed["comparisons"],
-        "cuda_graph": graph_section,
-        "roofline": roof,
-        "thread_sweep": sweep,
-        "factorial": fact,
-        "study": study,
-        "integrity": {
-            "clock": timed["clock"],
-            "harness_unchanged": untouched,
-            "fresh_inputs": fresh,
-            "output_checks": dict(checks.count),
-        },
+    def figures(
+        self,
+        timed: Mapping[str, Any],
+        warmups: Mapping[str, Any],
+        sections: Mapping[str, Any],
+        untouched: bool,
+    ) -> dict[str, Any]:
+        """The result's figures: the first variant's verdict as the headline, then every
+        comparison, the `sections` after the timing loop, and what held of the defences."""
+        base = self.case.baseline.name
+        head = timed["comparisons"][0]
+        verdict = {key: head[key] for key in ("ratio", "ci_low", "ci_high", "verdict")}
+        return {
+            **verdict,
+            "headline": {
+                "variant": head["variant"],
+                "baseline": base,
+                "metric": "ratio",
+                **verdict,
+            },
+            "noise_floor": timed["noise"],
+            "baseline": {
+                "name": base,
+                "accuracy": self.checks.report(base),
+                "warmup": warmups[base],
+            },
+            "comparisons": timed["comparisons"],
+            **sections,
+            "integrity": {
+                "clock": timed["clock"],
+                "harness_unchanged": untouched,
+                "fresh_inputs": self.checks.fresh,
+                "output_checks": dict(self.checks.count),
+            },
+        }
+
+
+def _factorial(experiment: Experiment, ctx: Context) -> dict[str, Any] | None:
+    """Every combination of the experiment's levers timed against none of them, and each
+    lever's effect (`factorial.summarise`); None without levers or when the spec turns it off."""
+    if experiment.factorial is None or not ctx.option("factorial", default=True):
+        return None
+    ctx.log("factorial over levers")
+    design = experiment.factorial(ctx)
+    combos = factorial.combinations(design.levers)
+    fns = {factorial.label(c): design.make(c) for c in combos}
+    for fn in fns.values():
+        warm_up(fn, ctx.timer, max_seconds=2.0)
+    base_label = factorial.label(frozenset())
+    timed = _compare(
+        fns[base_label],
+        {k: v for k, v in fns.items() if k != base_label},
+        ctx,
+        stage="factorial",
+        accuracy_pass=dict.fromkeys(fns, True),
+    )
+    by_label = {c["variant"]: c for c in timed["comparisons"]}
+    estimates = {c: _ratio_estimate(by_label[factorial.label(c)]) for c in combos if c}
+    fact = factorial.summarise(design.levers, estimates)
+    fact["noise_floor"] = timed["noise"]["floor"]
+    return fact
+
+
+def _run_case(experiment: Experiment, ctx: Context) -> dict[str, Any]:
+    """The spec's case built and measured: accuracy gate, warm-up, the timing loop, the checks
+    after it, then the sections that take no part in a verdict."""
+    case_run = _CaseRun(experiment, ctx)
+    gate_expected = case_run.gate()
+    backward = ctx.option("backward")
+    calls, arms = case_run.timed_calls(backward)
+    warmups = case_run.warm_ups(calls)
+    timed = case_run.timing_loop(arms)
+    case_run.check_after_loop(gate_expected)
+    del gate_expected
+    case_run.final_verdicts(timed, warmups)
+    sections = {
+        "cuda_graph": case_run.graph_replays(calls, backward),
+        "roofline": case_run.achieved(timed),
+        "thread_sweep": case_run.thread_sweep(calls),
+        "factorial": _factorial(experiment, ctx),
+        "study": case_run.study(),
     }
+    untouched = _untouched(ctx)
+    return case_run.figures(timed, warmups, sections, untouched)
 
 
 def _untouched(ctx: Context) -> bool:
@@ -664,6 +749,110 @@ def _set_seeds(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _requested(
+    experiments: Mapping[str, Experiment], spec_path: Path | None, cwd: Path
+) -> tuple[Any, dict[str, ExperimentConfig], Path]:
+    """The spec as given (its file's, else the first experiment of autopilot.toml that this
+    entry module provides), the project's experiments and where they are declared."""
+    entry_dir = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else cwd
+    config_path = find_config(cwd, entry_dir)
+    configs = load_config(config_path)
+    if spec_path is not None:
+        return read_spec_file(spec_path), configs, config_path
+    runnable = [name for name in configs if name in experiments]
+    if not runnable:
+        raise SpecError(f"none of {sorted(experiments)} is declared in {config_path}")
+    return {"experiment": runnable[0]}, configs, config_path
+
+
+def _named(raw: Any) -> dict[str, Any]:
+    """The experiment and parameters a spec names, as far as they read before it is parsed:
+    an error result says what was asked for."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {
+        "experiment": raw.get("experiment") if isinstance(raw.get("experiment"), str) else None,
+        "parameters": raw.get("parameters") if isinstance(raw.get("parameters"), Mapping) else None,
+    }
+
+
+def _refuse_unrunnable(
+    spec: Spec, experiments: Mapping[str, Experiment], config_path: Path
+) -> None:
+    """SpecError or ExperimentError when the spec cannot be run here, or not trusted."""
+    if spec.experiment not in experiments:
+        raise SpecError(
+            f"experiment {spec.experiment!r} is declared in {config_path.name} "
+            f"but this entry module provides only {sorted(experiments)}"
+        )
+    if clocks.TAMPERED_AT_IMPORT:
+        raise ExperimentError(
+            f"{', '.join(clocks.replaced())} had been replaced before the harness loaded: "
+            "the project's code ran before the harness and changed the clocks; refused"
+        )
+    torch = require_torch()
+    if spec.device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("device 'cuda' was requested but torch sees no CUDA device")
+
+
+def _measured(
+    spec: Spec,
+    experiment: Experiment,
+    configs: Mapping[str, ExperimentConfig],
+    events: EventStream,
+    project_dir: Path,
+) -> dict[str, Any]:
+    """The fields of an ok result: the spec's experiment run, seeded, on its device's timer."""
+    repeats = spec.repeats or experiment.default_repeats
+    _set_seeds(spec.seed)
+    timer: Timer = CudaTimer() if spec.device == "cuda" else CpuTimer()
+    ctx = Context(spec=spec, timer=timer, events=events, project_dir=project_dir, repeats=repeats)
+    body = _run_case(experiment, ctx)
+    return dict(
+        status="ok",
+        device=spec.device,
+        seed=spec.seed,
+        repeats=repeats,
+        tolerance=spec.tolerance.as_dict(),
+        options=spec.options,
+        metric=configs[spec.experiment].metric,
+        direction=configs[spec.experiment].direction,
+        **body,
+        error=None,
+    )
+
+
+def _error(exc: Exception) -> dict[str, Any]:
+    """What an error result says of `exc` while it is handled: a refusal's own message; of
+    anything else, also its type and the start of its traceback."""
+    if isinstance(exc, SpecError | ExperimentError):
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return {
+        "type": type(exc).__name__,
+        "message": f"{type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(limit=8),
+    }
+
+
+def _error_result(result: Mapping[str, Any], spec: Spec | None) -> dict[str, Any]:
+    """A failed run's result: what was asked and what went wrong, none of the figures it
+    half-filled."""
+    kept = {k: result[k] for k in ("schema_version", "status", "experiment", "parameters", "error")}
+    if spec is not None:
+        kept["device"] = spec.device
+    return kept
+
+
+def _stamp(result: dict[str, Any], spec: Spec | None, cwd: Path, started: float) -> None:
+    """The environment the run saw, when it started and how long it took."""
+    try:
+        result["environment"] = environment.capture(spec.device if spec else "cpu", cwd)
+    except Exception as exc:  # an unreadable environment must not hide the result itself
+        result["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
+    result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat()
+    result["duration_s"] = round(time.time() - started, 3)
+
+
 def run(
     experiments: Mapping[str, Experiment],
     argv: Sequence[str] | None = None,
@@ -678,7 +867,6 @@ def run(
     spec_path = args.spec or (Path(p) if (p := os.environ.get("AUTOPILOT_SPEC")) else None)
     result_path = args.result or Path(os.environ.get("AUTOPILOT_RESULT") or "result.json")
     cwd = Path.cwd()
-    raw: Any = None
     spec: Spec | None = None
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -687,85 +875,20 @@ def run(
         "parameters": None,
     }
     try:
-        entry_dir = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else cwd
-        config_path = find_config(cwd, entry_dir)
-        configs = load_config(config_path)
-        if spec_path is not None:
-            raw = read_spec_file(spec_path)
-        else:
-            runnable = [name for name in configs if name in experiments]
-            if not runnable:
-                raise SpecError(f"none of {sorted(experiments)} is declared in {config_path}")
-            raw = {"experiment": runnable[0]}
-        if isinstance(raw, Mapping):
-            result["experiment"] = (
-                raw.get("experiment") if isinstance(raw.get("experiment"), str) else None
-            )
-            result["parameters"] = (
-                raw.get("parameters") if isinstance(raw.get("parameters"), Mapping) else None
-            )
+        raw, configs, config_path = _requested(experiments, spec_path, cwd)
+        result.update(_named(raw))
         spec = parse_spec(raw, configs)
         result["parameters"] = spec.parameters
-        if spec.experiment not in experiments:
-            raise SpecError(
-                f"experiment {spec.experiment!r} is declared in {config_path.name} "
-                f"but this entry module provides only {sorted(experiments)}"
-            )
-        if clocks.TAMPERED_AT_IMPORT:
-            raise ExperimentError(
-                f"{', '.join(clocks.replaced())} had been replaced before the harness loaded: "
-                "the project's code ran before the harness and changed the clocks; refused"
-            )
-        torch = require_torch()
-        if spec.device == "cuda" and not torch.cuda.is_available():
-            raise SpecError("device 'cuda' was requested but torch sees no CUDA device")
+        _refuse_unrunnable(spec, experiments, config_path)
         experiment = experiments[spec.experiment]
-        repeats = spec.repeats or experiment.default_repeats
-        _set_seeds(spec.seed)
-        timer: Timer = CudaTimer() if spec.device == "cuda" else CpuTimer()
-        ctx = Context(
-            spec=spec, timer=timer, events=events, project_dir=config_path.parent, repeats=repeats
-        )
-        body = _run_case(experiment, ctx)
-        result.update(
-            status="ok",
-            device=spec.device,
-            seed=spec.seed,
-            repeats=repeats,
-            tolerance=spec.tolerance.as_dict(),
-            options=spec.options,
-            metric=configs[spec.experiment].metric,
-            direction=configs[spec.experiment].direction,
-            **body,
-            error=None,
-        )
+        result.update(_measured(spec, experiment, configs, events, config_path.parent))
         code = 0
-    except (SpecError, ExperimentError) as exc:
-        result.update(status="error", error={"type": type(exc).__name__, "message": str(exc)})
-        code = 1
     except Exception as exc:
-        result.update(
-            status="error",
-            error={
-                "type": type(exc).__name__,
-                "message": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=8),
-            },
-        )
+        result.update(status="error", error=_error(exc))
         code = 1
     if result["status"] == "error":
-        # Strip anything a failed run half-filled: an error result carries no figures.
-        result = {
-            k: result[k] for k in ("schema_version", "status", "experiment", "parameters", "error")
-        }
-        if spec is not None:
-            result["device"] = spec.device
-    try:
-        result["environment"] = environment.capture(spec.device if spec else "cpu", cwd)
-    except Exception as exc:  # an unreadable environment must not hide the result itself
-        result["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
-    result["started_at"] = datetime.fromtimestamp(started, UTC).isoformat()
-    result["duration_s"] = round(time.time() - started, 3)
+        result = _error_result(result, spec)
+    _stamp(result, spec, cwd, started)
     try:
         write_result(result_path, result)
     except (OSError, ValueError) as exc:
