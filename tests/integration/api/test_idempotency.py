@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.clock import utcnow
@@ -14,6 +15,9 @@ from app.db import Stores
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.support import bearer
+
+# Both stacks: a reused key meets the unique constraint of each dialect.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
 
 
 def project(stores: Stores) -> None:

@@ -19,6 +19,9 @@ from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 from tests.support import bearer
 
+# Both stacks: deferred cycles resume under SKIP LOCKED.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 
 def project(stores: Stores, name: str = "sched") -> None:
     with stores.ops_session() as session:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
@@ -11,6 +12,9 @@ from app import migrate
 from app.db import OpsBase, Stores, make_engine
 from app.memory.models import MemoryBase, include_object, is_search_index
 from app.settings import Settings
+
+# Both stacks: each migration runs on both stores' dialects.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
 
 MEMORY_TABLES = set(MemoryBase.metadata.tables)
 OPS_TABLES = set(OpsBase.metadata.tables)

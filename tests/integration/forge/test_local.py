@@ -26,6 +26,9 @@ from tests.integration.forge.gitrepo import (
     make_origin,
 )
 
+# Both stacks: concurrent opens meet PostgreSQL's partial unique index.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 CYCLE = "c0ffee01"
 
 

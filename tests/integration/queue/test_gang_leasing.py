@@ -28,6 +28,9 @@ from tests.integration.queue.test_jobs_service import (
     row,
 )
 
+# Both stacks: a gang's leases are taken in one transaction under PostgreSQL's row locks.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 HOST = socket.gethostname()
 CONFIG = """
 [project]

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import git
+import pytest
 
 from app import broker
 from app.db import Stores
@@ -140,6 +141,7 @@ def check_assignments(stores: Stores, done: list[Job], hosts: dict[str, str]) ->
             assert end <= start, f"device {device} of {host} held by jobs {a} and {b} at once"
 
 
+@pytest.mark.stores("sqlite", "postgres")  # four workers lease gangs under PostgreSQL's locks
 def test_a_mix_of_gang_sizes_on_four_workers_of_one_host(
     workers: Workers, stores: Stores, tmp_path: Path
 ) -> None:
@@ -211,6 +213,9 @@ def test_sigkill_of_a_member_frees_every_gpu_and_the_job_completes_once(
     check_assignments(stores, [done], {})
 
 
+@pytest.mark.stores(
+    "postgres",
+)  # hosts share only Redis and PostgreSQL
 def test_gang_jobs_over_two_hosts_in_namespaces(
     workers: Workers, stores: Stores, tmp_path: Path, backend: Backend
 ) -> None:

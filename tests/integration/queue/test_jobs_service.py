@@ -22,6 +22,9 @@ from app.projects.models import Project
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
 
+# Both stacks: leasing takes its job under SKIP LOCKED on PostgreSQL.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 CONFIG = """
 [project]
 name = "{name}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import update
 
 from app.clock import utcnow
@@ -14,6 +15,9 @@ from app.jobs import service as jobs
 from app.jobs.models import Job, JobPreparation
 from app.settings import Settings
 from tests.integration.queue.test_jobs_service import make_project, submit
+
+# Both stacks: hosts race to prepare and take over preparations.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
 
 
 def lease_on(stores: Stores, settings: Settings, host: str) -> int | None:

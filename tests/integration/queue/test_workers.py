@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app import broker, sandbox
 from app.db import Stores
 from app.jobs import service as jobs
@@ -97,6 +99,7 @@ def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> Non
         assert worker.kind == "cpu" and worker.current_job_id is None
 
 
+@pytest.mark.stores("sqlite", "postgres")  # a killed worker's message is redelivered by Redis
 def test_sigkill_mid_job_completes_exactly_once(
     workers: Workers, stores: Stores, tmp_path: Path
 ) -> None:
@@ -232,6 +235,7 @@ def test_the_next_job_is_reserved_while_one_runs_and_each_runs_once(
         assert session.query(Lease).count() == 0  # nothing left reserved or leased
 
 
+@pytest.mark.stores("sqlite", "postgres")  # two workers race for one job under PostgreSQL's locks
 def test_an_idle_worker_takes_over_a_busy_workers_reservation_and_it_runs_once(
     workers: Workers, stores: Stores, tmp_path: Path
 ) -> None:
@@ -282,6 +286,7 @@ def test_an_idle_worker_takes_over_a_busy_workers_reservation_and_it_runs_once(
     wait_for(lambda: leases() == 0, timeout=30)
 
 
+@pytest.mark.stores("sqlite", "postgres")  # two workers race for one job under PostgreSQL's locks
 def test_a_reserver_whose_job_ends_right_after_a_takeover_never_starts_the_job(
     workers: Workers, stores: Stores, tmp_path: Path
 ) -> None:
