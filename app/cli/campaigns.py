@@ -19,8 +19,8 @@ from app.cli.common import (
     fail,
     minute,
 )
+from app.cycles.campaigns.lifecycle import ENDS
 from app.cycles.campaigns.schemas import CampaignCreate, CampaignState
-from app.cycles.campaigns.service import ENDS
 from app.cycles.headline import interval_text
 from app.errors import AutopilotError
 

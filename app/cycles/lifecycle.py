@@ -1,36 +1,27 @@
-"""A cycle's lifecycle: the moves allowed between its states (`app/cycles/states.py`), why each
-exists, and the one function through which every state change goes (`move`, which
-`repository.set_state` calls). A move the table does not hold is refused with `IllegalMove`,
-naming the cycle and both states: a step that finds its cycle cancelled under it cannot carry
-it on.
+"""The cycles domain's lifecycles, tables of the one primitive (`app/statemachine.py`).
 
-The steps' moves are each step's FROM_STATES x TO_STATES (`app/cycles/steps/`; a test checks
-that the table holds exactly those); the others are made by the machine, a person or the
-schedule.
+A cycle's: the moves allowed between its states (`app/cycles/states.py`), why each exists, and
+the one function through which every state change goes (`move`, which `repository.set_state`
+calls). A move the table does not hold is refused with `IllegalMove`, naming the cycle and both
+states: a step that finds its cycle cancelled under it cannot carry it on. The steps' moves are
+each step's FROM_STATES x TO_STATES (`app/cycles/steps/`; a test checks that the table holds
+exactly those); the others are made by the machine, a person or the schedule.
+
+A step attempt's (`ATTEMPT`, a row of the cycle's audit trail): begun `started`, ended by the
+machine, and started again when it waited. The repository writes those moves as conditional
+UPDATEs (`ATTEMPT.guarded`): the machine begins and ends every step of every cycle.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.clock import utcnow
 from app.cycles.states import ALL, LIVE, TERMINAL
-from app.errors import Conflict
+from app.statemachine import Lifecycle, Move
 
 if TYPE_CHECKING:
     from app.cycles.models import Cycle
-
-
-@dataclass(frozen=True)
-class Move:
-    """Moves from each of `frm` to each of `to`, who makes them (a step's class name, or who
-    else) and why they exist."""
-
-    frm: tuple[str, ...]
-    to: tuple[str, ...]
-    by: str
-    why: str
 
 
 #: Where a person may cancel a cycle from: anywhere it has not ended.
@@ -92,40 +83,65 @@ MOVES: tuple[Move, ...] = (
     Move(CANCELLABLE, ("cancelled",), "service.cancel", "a person cancelled it"),
 )
 
-ALLOWED: dict[tuple[str, str], list[Move]] = {}
-for _move in MOVES:
-    for _frm in _move.frm:
-        for _to in _move.to:
-            ALLOWED.setdefault((_frm, _to), []).append(_move)
-assert all(f in ALL and t in ALL and f != t for f, t in ALLOWED), "a move names no state"
-assert not {f for f, _ in ALLOWED} & set(TERMINAL), "an end is left"
-
-
-class IllegalMove(Conflict):
-    slug = "illegal-cycle-move"
-    title = "Cycle cannot make that move"
+CYCLE = Lifecycle("cycle", ALL, MOVES, final=TERMINAL)
+#: (from, to) -> the moves that make it (`failed` from a step's state: the step, or the machine).
+ALLOWED = CYCLE.allowed
+assert all(frm != to for frm, to in ALLOWED), "a move that goes nowhere"
 
 
 def allows(frm: str, to: str) -> bool:
     """Whether a cycle in `frm` may move to `to`."""
-    return (frm, to) in ALLOWED
+    return CYCLE.allows(frm, to)
 
 
 def move(cycle: Cycle, to: str, error: str | None = None) -> None:
     """Move `cycle` to `to` (recording `error`, when given, as why it ended); `IllegalMove`,
     naming the cycle and both states, when the table holds no such move. The one place a
     cycle's state is set."""
-    frm = cycle.state
-    if not allows(frm, to):
-        onward = sorted({t for f, t in ALLOWED if f == frm})
-        then = (
-            f"from {frm} it may only become {', '.join(onward)}" if onward else f"{frm} is an end"
-        )
-        raise IllegalMove(
-            f"cycle {cycle.id} cannot move from {frm} to {to}: {then}",
-            from_state=frm,
-            to_state=to,
-        )
-    cycle.state, cycle.updated_at = to, utcnow()
-    if error is not None:
-        cycle.error = error
+    if error is None:
+        CYCLE.move(cycle, to, updated_at=utcnow())
+    else:
+        CYCLE.move(cycle, to, updated_at=utcnow(), error=error)
+
+
+# -- a step's attempt ---------------------------------------------------------------------------
+
+#: An attempt at a step: running, or how it ended (`waiting`: it found nothing to do yet, and is
+#: the same attempt when the machine checks again).
+ATTEMPT_STATES = ("started", "waiting", "retry", "failed", "done")
+#: How the machine ends an attempt it started.
+ATTEMPT_ENDS = ("done", "waiting", "retry", "failed")
+
+ATTEMPT = Lifecycle(
+    "cycle step",
+    ATTEMPT_STATES,
+    (
+        Move(("started",), ("done",), "Machine.advance", "its step moved the cycle"),
+        Move(
+            ("started",),
+            ("waiting",),
+            "Machine.advance",
+            "its step found nothing to do yet (the cycle waits on its job, a review, a budget)",
+        ),
+        Move(
+            ("started",),
+            ("retry",),
+            "Machine.advance",
+            "its step raised an error that may pass; a later attempt tries again",
+        ),
+        Move(
+            ("started",),
+            ("failed",),
+            "Machine.advance",
+            "its step raised an error that cannot pass, or crashed",
+        ),
+        Move(
+            ("waiting",),
+            ("started",),
+            "repository.begin_step",
+            "the machine checks the waiting step again: the same attempt, started again",
+        ),
+    ),
+    attr="status",
+    final=("done", "retry", "failed"),
+)

@@ -280,12 +280,11 @@ def begin_step(session: Session, cycle_id: int, name: str) -> CycleStep:
 
 
 def end_step(session: Session, step_id: int, status: str, detail: str | None) -> None:
-    """Record how an attempt ended, in one UPDATE (no read first: the machine ends every step
-    of every cycle). A `waiting` attempt has not finished."""
+    """Record how a started attempt ended, in one UPDATE (no read first: the machine ends every
+    step of every cycle). A `waiting` attempt has not finished."""
+    statement = _END_STEP[lifecycle.ATTEMPT.check(f"cycle step {step_id}", "started", status)]
     finished = utcnow() if status != "waiting" else None
-    session.execute(
-        _END_STEP, {"step_id": step_id, "status": status, "detail": detail, "finished": finished}
-    )
+    session.execute(statement, {"step_id": step_id, "detail": detail, "finished": finished})
 
 
 _STEPS: Table = CycleStep.__table__  # type: ignore[assignment]
@@ -294,14 +293,19 @@ _ATTEMPTS = select(_STEPS.c.id, _STEPS.c.attempt, _STEPS.c.status).where(
     _STEPS.c.cycle_id == bindparam("cycle_id"), _STEPS.c.name == bindparam("name")
 )
 _INSERT_STEP = insert(_STEPS)
-_RESTART_STEP = update(_STEPS).where(_STEPS.c.id == bindparam("step_id")).values(status="started")
-_END_STEP = (
+# An attempt's moves, checked against its lifecycle: one UPDATE each, from the status it has.
+_RESTART = lifecycle.ATTEMPT.guarded("waiting", "started")
+_RESTART_STEP = (
     update(_STEPS)
-    .where(_STEPS.c.id == bindparam("step_id"))
-    .values(
-        status=bindparam("status"), detail=bindparam("detail"), finished_at=bindparam("finished")
-    )
+    .where(_STEPS.c.id == bindparam("step_id"), _STEPS.c.status.in_(_RESTART.frm))
+    .values(**_RESTART.assign)
 )
+_END_STEP = {
+    end.to: update(_STEPS)
+    .where(_STEPS.c.id == bindparam("step_id"), _STEPS.c.status.in_(end.frm))
+    .values(**end.assign, detail=bindparam("detail"), finished_at=bindparam("finished"))
+    for end in (lifecycle.ATTEMPT.guarded("started", to) for to in lifecycle.ATTEMPT_ENDS)
+}
 
 
 def add_step(session: Session, step: CycleStep, *, detached: bool = False) -> CycleStep:

@@ -15,19 +15,19 @@ import hashlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, get_args
+from typing import Any
 
 import anyio
 from sqlalchemy.orm import Session
 
 from app.cycles import service as cycles
+from app.cycles.campaigns import lifecycle as campaign_lifecycle
 from app.cycles.campaigns import service as campaigns
-from app.cycles.campaigns.schemas import CampaignState
 from app.db import Stores
 from app.jobs import figures
 
 #: A campaign's states while its driver still moves it.
-CAMPAIGN_LIVE = tuple(s for s in get_args(CampaignState) if s not in campaigns.ENDS)
+CAMPAIGN_LIVE = campaign_lifecycle.LIVE
 
 
 def live_campaigns(session: Session) -> list[tuple[object, ...]]:

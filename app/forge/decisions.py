@@ -24,7 +24,6 @@ from app.cycles import review
 from app.cycles.campaigns import review as campaigns
 from app.cycles.campaigns.service import CampaignNotEnded
 from app.cycles.exceptions import NotAwaitingReview
-from app.cycles.lifecycle import IllegalMove
 from app.db import Stores
 from app.errors import AutopilotError, InvalidInput
 from app.forge import repository
@@ -38,6 +37,7 @@ from app.forge.github import GitHubForge, github_repo
 from app.projects import service as projects
 from app.redaction import redact_text
 from app.settings import Settings
+from app.statemachine import IllegalMove
 
 log = logging.getLogger(__name__)
 

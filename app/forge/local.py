@@ -27,6 +27,7 @@ from app.forge.exceptions import (
     PullRequestNotFound,
     PullRequestNotOpen,
 )
+from app.forge.lifecycle import PULL_REQUEST
 from app.forge.models import PullRequestComment, PullRequestRecord
 from app.git import objects
 from app.git.exceptions import GitFailed, InvalidRef, MergeConflict
@@ -322,8 +323,8 @@ class LocalForge:
             if row is None:
                 raise PullRequestNotFound(f"project {project.name!r} has no pull request #{number}")
             if row.state == "open":
-                row.state = "closed"
-                row.closed_at = row.updated_at = utcnow()
+                now = utcnow()
+                PULL_REQUEST.move(row, "closed", closed_at=now, updated_at=now)
                 session.flush()
             return _to_pull_request(row, self._url(row.project, row.number))
 
@@ -392,9 +393,8 @@ class LocalForge:
         with self._stores.ops_session() as session:
             row = repository.get(session, project.name, number)
             assert row is not None
-            row.state = "merged"
-            row.merge_sha = merge_sha
-            row.closed_at = row.updated_at = utcnow()
+            now = utcnow()
+            PULL_REQUEST.move(row, "merged", merge_sha=merge_sha, closed_at=now, updated_at=now)
             session.flush()
             return _to_pull_request(row, self._url(row.project, row.number))
 

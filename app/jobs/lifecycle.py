@@ -1,5 +1,6 @@
-"""A job's lifecycle: its states, the moves allowed between them and why each exists, and the
-one function through which every state change goes.
+"""The jobs domain's lifecycles: a job's states, the moves allowed between them and why each
+exists, and the one function through which every state change goes; and a host's preparation of
+a job (`PREPARATION`). Both are tables of the one primitive, `app/statemachine.py`.
 
     queued ──claim──► leased ──start──► running ──end──► succeeded | failed | cancelled
       │ │ ▲               │                ▲ │
@@ -23,7 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from app.clock import utcnow
-from app.errors import Conflict
+from app.statemachine import Guarded, Lifecycle, Move
 
 if TYPE_CHECKING:
     from app.jobs.models import Job
@@ -47,16 +48,6 @@ FINISHED: tuple[JobState, ...] = (JobState.SUCCEEDED, JobState.FAILED, JobState.
 #: The states as a type, for the API's filter: another value is a 422, not an empty list.
 StateName = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
 assert get_args(StateName) == JOB_STATES
-
-
-@dataclass(frozen=True)
-class Move:
-    """Moves from each of `frm` to each of `to`, who makes them and why they exist."""
-
-    frm: tuple[JobState, ...]
-    to: tuple[JobState, ...]
-    by: str
-    why: str
 
 
 _Q, _L, _R = JobState.QUEUED, JobState.LEASED, JobState.RUNNING
@@ -97,10 +88,10 @@ MOVES: tuple[Move, ...] = (
     ),
 )
 
-ALLOWED: dict[tuple[JobState, JobState], Move] = {
-    (frm, to): move for move in MOVES for frm in move.frm for to in move.to
-}
-assert len(ALLOWED) == sum(len(m.frm) * len(m.to) for m in MOVES), "a move listed twice"
+JOB = Lifecycle("job", JOB_STATES, MOVES, final=FINISHED)
+#: (from, to) -> the move that makes it.
+ALLOWED = JOB.allowed
+assert all(len(made) == 1 for made in ALLOWED.values()), "a move listed twice"
 
 
 class End(StrEnum):
@@ -138,54 +129,41 @@ def state_after(ended: End) -> JobState:
     return JobState.FAILED
 
 
-class IllegalMove(Conflict):
-    slug = "illegal-job-move"
-    title = "Job cannot make that move"
-
-
-def _refusal(what: str, frm: str, to: str) -> str:
-    onward = sorted(t for f, t in ALLOWED if f == frm)
-    then = f"from {frm} it may only become {', '.join(onward)}" if onward else f"{frm} is final"
-    return f"{what} cannot move from {frm} to {to}: {then}"
-
-
-def _checked(what: str, frm: str, to: str) -> JobState:
-    pair = (frm, to)
-    if pair not in ALLOWED:  # a str equals its JobState: plain states are looked up too
-        raise IllegalMove(_refusal(what, frm, to), from_state=frm, to_state=to)
-    return JobState(to)
-
-
 def move(job: Job, to: JobState, **fields: Any) -> None:
     """Move `job` to `to`, setting `fields` with it (its error, its times...); `IllegalMove`,
     naming both states, when the table holds no such move. The one place a job's state is set.
     """
-    state = _checked(f"job {job.id}", job.state, to)
-    if "state" in fields:
-        raise TypeError("the state is `to`, not a field")
-    job.state = state.value
-    for name, value in fields.items():
-        setattr(job, name, value)
-
-
-@dataclass(frozen=True)
-class Guarded:
-    """A move made by a conditional UPDATE that races other writers: the repository writes
-    `UPDATE job SET **assign ... WHERE state IN frm` and learns from the row count whether it won.
-    """
-
-    frm: tuple[str, ...]
-    to: JobState
-
-    @property
-    def assign(self) -> dict[str, str]:
-        return {"state": self.to.value}
+    JOB.move(job, to, **fields)
 
 
 def guarded(frm: JobState | tuple[JobState, ...], to: JobState) -> Guarded:
     """The racing form of a move, checked against the table (at import, where the repository
     builds it): the states it may start from and the state it sets."""
-    starts = (frm,) if isinstance(frm, JobState) else frm
-    for start in starts:
-        _checked("a job", start, to)
-    return Guarded(tuple(s.value for s in starts), to)
+    return JOB.guarded(frm, to)
+
+
+# -- a host's preparation of a job --------------------------------------------------------------
+
+#: A host's preparation of a job: its export and venv being made, made, or refused there. Its
+#: row is made `preparing` (`preparation.claim_preparation`); `PREPARATION.move` moves it on.
+PREPARATION_STATES = ("preparing", "ready", "failed")
+
+PREPARATION = Lifecycle(
+    "job preparation",
+    PREPARATION_STATES,
+    (
+        Move(
+            ("preparing",),
+            ("ready",),
+            "preparation.preparation_ready",
+            "its export and venv are made on the host: a worker of that host may lease the job",
+        ),
+        Move(
+            ("preparing",),
+            ("failed",),
+            "preparation.preparation_failed",
+            "the host could not prepare it; other hosts of its kind still may",
+        ),
+    ),
+    final=("ready", "failed"),
+)

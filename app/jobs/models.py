@@ -11,8 +11,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.clock import utcnow
 from app.db import OpsBase
 
-PREPARATION_STATES = ("preparing", "ready", "failed")
-
 
 class Job(OpsBase):
     """Work for one GPU, standalone or a cycle's. Its state lives here, not in the broker.
@@ -91,7 +89,7 @@ class JobPreparation(OpsBase):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("job.id", ondelete="CASCADE"), index=True)
     host: Mapped[str] = mapped_column(String(255))
-    state: Mapped[str] = mapped_column(String(16), default="preparing")  # PREPARATION_STATES
+    state: Mapped[str] = mapped_column(String(16), default="preparing")  # lifecycle.PREPARATION
     workdir: Mapped[str | None] = mapped_column(String(1024))
     venv_path: Mapped[str | None] = mapped_column(String(1024))
     # While its venv builds, the build's progress ({"state": "building", "packages", ...}); once

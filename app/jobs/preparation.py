@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.clock import aware, utcnow
 from app.jobs import repository as repo
 from app.jobs import service as jobs
-from app.jobs.lifecycle import JobState
+from app.jobs.lifecycle import PREPARATION, JobState
 from app.jobs.models import Job, JobPreparation
 from app.settings import Settings
 
@@ -57,7 +57,9 @@ def claim_preparation(
         return job
     try:
         with session.begin_nested():
-            repo.add(session, JobPreparation(job_id=job_id, host=host, started_at=now))
+            repo.add(
+                session, JobPreparation(job_id=job_id, host=host, state="preparing", started_at=now)
+            )
     except IntegrityError:  # another worker of this host claimed it first
         return None
     return job
@@ -76,11 +78,17 @@ def preparation_ready(
     job takes it when this host leases it); True when the job still waits to be leased."""
     row = repo.preparation(session, job_id, host)
     if row is None:
-        row = JobPreparation(job_id=job_id, host=host)
+        row = JobPreparation(job_id=job_id, host=host, state="preparing")
         repo.add(session, row)
-    row.state, row.workdir, row.venv_path = "ready", workdir, venv_path
-    row.environment = environment
-    row.error, row.finished_at = None, utcnow()
+    PREPARATION.move(
+        row,
+        "ready",
+        workdir=workdir,
+        venv_path=venv_path,
+        environment=environment,
+        error=None,
+        finished_at=utcnow(),
+    )
     job = repo.get(session, job_id)
     if job is None or job.state != JobState.QUEUED:
         session.flush()
@@ -127,9 +135,9 @@ def preparation_failed(
     kind; it fails only once every host seen lately has failed it. True when it failed now."""
     row = repo.preparation(session, job_id, host)
     if row is None:
-        row = JobPreparation(job_id=job_id, host=host)
+        row = JobPreparation(job_id=job_id, host=host, state="preparing")
         repo.add(session, row)
-    row.state, row.error, row.finished_at = "failed", error[:4000], utcnow()
+    PREPARATION.move(row, "failed", error=error[:4000], finished_at=utcnow())
     session.flush()
     job = repo.get(session, job_id)
     if job is None or job.state != JobState.QUEUED:

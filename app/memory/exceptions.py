@@ -13,7 +13,10 @@ class FindingExists(Conflict):
     title = "Finding already recorded"
 
 
-class IllegalTransition(InvalidInput):
+class CannotSupersede(InvalidInput):
+    """A new finding names in `supersedes` one that is not validated. (An illegal move of a
+    finding itself is `app.statemachine.IllegalMove`.)"""
+
     slug = "illegal-transition"
     title = "Status change not allowed"
 

@@ -1,8 +1,8 @@
 """Research memory's operations: record and judge findings, search, no-repeat checks, exchange.
 
-Status rules: a finding is recorded `proposed`; only a proposed finding is validated or
-refuted; a validated finding changes only by being superseded, when a new finding that names
-it in `supersedes` is validated. Every status change is written to `finding_event`.
+Status rules are `lifecycle.py`'s: a finding is recorded `proposed`; only a proposed finding is
+validated or refuted; a validated finding changes only by being superseded, when a new finding
+that names it in `supersedes` is validated. Every status change is written to `finding_event`.
 Callers own the transaction: these functions only flush.
 """
 
@@ -28,7 +28,8 @@ from app.clock import utcnow
 from app.errors import InvalidInput
 from app.memory import exchange, repository
 from app.memory import search_repository as search_index
-from app.memory.exceptions import FindingExists, FindingNotFound, IllegalTransition, InvalidImport
+from app.memory.exceptions import CannotSupersede, FindingExists, FindingNotFound, InvalidImport
+from app.memory.lifecycle import FINDING
 from app.memory.models import Finding, FindingEvent
 from app.memory.schemas import (
     EventOut,
@@ -44,14 +45,6 @@ from app.memory.schemas import (
     Status,
 )
 
-# Which status may follow which. `superseded` is reached only through `validate` of the
-# finding that supersedes (see `_supersede_target`), never asked for directly.
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "proposed": frozenset({"validated", "refuted"}),
-    "validated": frozenset({"superseded"}),
-    "refuted": frozenset(),
-    "superseded": frozenset(),
-}
 MAX_PAGE = 100
 MAX_OFFSET = 10_000
 MAX_RELATED = 50
@@ -224,8 +217,8 @@ def _row(data: FindingCreate, digest: str, status: str, finding_id: str | None =
 
 def _supersede_target(session: Session, finding_id: str) -> Finding:
     target = get(session, finding_id, for_update=True)
-    if target.status != "validated":
-        raise IllegalTransition(
+    if not FINDING.allows(target.status, "superseded"):
+        raise CannotSupersede(
             f"supersedes: finding {finding_id} is {target.status}; only a validated finding "
             "can be superseded",
             field="supersedes",
@@ -256,23 +249,12 @@ def create(session: Session, data: FindingCreate, actor: str) -> Finding:
 
 
 def _transition(
-    session: Session, finding: Finding, to: Status, actor: str, reason: str | None
+    session: Session, finding: Finding, to: Status, actor: str, reason: str | None, **fields: Any
 ) -> None:
-    if to not in TRANSITIONS[finding.status]:
-        hint = (
-            "a validated finding changes only by being superseded by a new one"
-            if finding.status == "validated"
-            else f"a {finding.status} finding is final"
-            if finding.status in ("refuted", "superseded")
-            else "only validated or refuted may follow proposed"
-        )
-        raise IllegalTransition(
-            f"status: finding {finding.id} is {finding.status} and cannot become {to}; {hint}",
-            field="status",
-            finding_id=finding.id,
-        )
+    """Move `finding` to `to` (`IllegalMove`, naming both statuses, where it may not), setting
+    `fields` with it, and write the move to its audit trail."""
     before = finding.status
-    finding.status = to
+    FINDING.move(finding, to, **fields)
     repository.add(session, [_event(finding.id, before, to, actor, reason)])
 
 
@@ -280,9 +262,15 @@ def validate(session: Session, finding_id: str, actor: str, reason: str | None =
     """proposed -> validated; a finding that `supersedes` another supersedes it now."""
     finding = get(session, finding_id, for_update=True)
     target = _supersede_target(session, finding.supersedes) if finding.supersedes else None
-    _transition(session, finding, "validated", actor, reason)
-    finding.validated_by = actor[:64]
-    finding.validated_at = utcnow()
+    _transition(
+        session,
+        finding,
+        "validated",
+        actor,
+        reason,
+        validated_by=actor[:64],
+        validated_at=utcnow(),
+    )
     if target is not None:
         _transition(session, target, "superseded", actor, f"superseded by {finding.id}")
     repository.flush(session)

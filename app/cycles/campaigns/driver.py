@@ -31,8 +31,8 @@ from app.clock import utcnow
 from app.cycles import service as cycles
 from app.cycles.campaigns import limits, line, members, report, repository, review
 from app.cycles.campaigns.context import NO_CHANGE
+from app.cycles.campaigns.lifecycle import CAMPAIGN, ENDS, STEP
 from app.cycles.campaigns.models import Campaign, CampaignStep
-from app.cycles.campaigns.service import ENDS
 from app.cycles.judge import keep
 from app.cycles.states import TERMINAL
 from app.db import Stores
@@ -306,7 +306,7 @@ class Driver:
             steps = repository.steps(session, campaign_id)
             why = limits.why_end(campaign, steps)
             if why is not None:
-                _move(campaign, "finishing")
+                CAMPAIGN.move(campaign, "finishing")
                 campaign.end_reason = campaign.end_reason or why
                 _touch(campaign)
             else:
@@ -421,9 +421,7 @@ class Driver:
         with self.stores.ops_session() as session:
             campaign = _get(session, campaign_id)
             if campaign.state not in ENDS:
-                _move(campaign, "failed")
-                campaign.error = redact_text(message)
-                campaign.finished_at = utcnow()
+                CAMPAIGN.move(campaign, "failed", error=redact_text(message), finished_at=utcnow())
                 _touch(campaign)
                 for cycle_id in repository.live_cycles(session, campaign_id):
                     cycles.cancel(session, cycle_id, f"campaign {campaign_id} failed")
@@ -436,28 +434,16 @@ def _get(session: Session, campaign_id: int) -> Campaign:
     return campaign
 
 
-#: A campaign's moves: every other is a bug.
-_MOVES = {"running": ("finishing", "failed"), "finishing": ("finished", "stopped", "failed")}
-
-
-def _move(campaign: Campaign, to: str) -> None:
-    """The one place a campaign's state is set."""
-    if to not in _MOVES.get(campaign.state, ()):
-        raise AssertionError(f"campaign {campaign.id} cannot move from {campaign.state} to {to}")
-    campaign.state = to
-
-
 def _touch(campaign: Campaign) -> None:
     campaign.updated_at = utcnow()
 
 
 def _decide(step: CampaignStep, outcome: str, reason: str | None, sentence: str) -> None:
-    step.outcome, step.reason, step.sentence = outcome, reason, sentence
-    step.decided_at = utcnow()
+    STEP.move(step, outcome, reason=reason, sentence=sentence, decided_at=utcnow())
 
 
 def _end(campaign: Campaign, note: str) -> None:
-    _move(campaign, "stopped" if campaign.stop_requested else "finished")
+    CAMPAIGN.move(campaign, "stopped" if campaign.stop_requested else "finished")
     if note:
         campaign.end_reason = (campaign.end_reason or "") + note
     campaign.finished_at = utcnow()

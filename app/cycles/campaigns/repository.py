@@ -8,11 +8,11 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.cycles.campaigns.lifecycle import LIVE
 from app.cycles.campaigns.models import Campaign, CampaignStep
 from app.cycles.models import Cycle
 from app.cycles.states import ALL, TERMINAL
 
-LIVE = ("running", "finishing")
 _LIVE = tuple(s for s in ALL if s not in TERMINAL)
 
 

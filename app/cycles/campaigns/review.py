@@ -9,8 +9,9 @@ import fcntl
 from collections.abc import Iterator
 
 from app.cycles.campaigns import repository
+from app.cycles.campaigns.lifecycle import ENDS
 from app.cycles.campaigns.models import Campaign
-from app.cycles.campaigns.service import ENDS, CampaignNotEnded, get
+from app.cycles.campaigns.service import CampaignNotEnded, get
 from app.cycles.headline import verdict_statement
 from app.db import Stores
 from app.errors import Conflict, InvalidInput

@@ -11,13 +11,12 @@ from sqlalchemy.orm import Session
 from app.agents import service as agents
 from app.clock import utcnow
 from app.cycles.campaigns import repository
+from app.cycles.campaigns.lifecycle import ENDS
 from app.cycles.campaigns.models import Campaign, CampaignStep
 from app.cycles.campaigns.schemas import CampaignCreate, CampaignOut, StepOut
 from app.errors import Conflict, InvalidInput, NotFound
 from app.projects import service as projects
 from app.settings import Settings
-
-ENDS = ("finished", "stopped", "failed")
 
 
 class CampaignNotFound(NotFound):

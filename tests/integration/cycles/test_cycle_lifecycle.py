@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from app.cycles import repository, service
-from app.cycles.lifecycle import IllegalMove
 from app.cycles.machine import Machine
 from app.cycles.steps.plan import Plan
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
+from app.statemachine import IllegalMove
 
 
 def planned_cycle(stores: Stores) -> int:

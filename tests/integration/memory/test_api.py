@@ -60,8 +60,9 @@ def test_record_validate_refute_supersede(client: TestClient, tokens: dict[str, 
     )
     assert (ok.status_code, ok.json()["validated_by"]) == (200, "t-review")
     refuse = client.post(f"{API}/findings/{fid}/refute", json={"reason": "no"}, headers=review)
-    problem = assert_problem(refuse, 422, "validated", "superseded")
-    assert problem["type"].endswith("/illegal-transition") and problem["field"] == "status"
+    problem = assert_problem(refuse, 409, "validated", "superseded")
+    assert problem["type"].endswith("/illegal-finding-move")
+    assert (problem["from_state"], problem["to_state"]) == ("validated", "refuted")
 
     replaced = client.post(
         f"{API}/findings/{fid}/supersede",

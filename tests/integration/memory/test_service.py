@@ -15,9 +15,10 @@ from app.db import Stores
 from app.errors import InvalidInput
 from app.memory import export as memory_export
 from app.memory import service
-from app.memory.exceptions import FindingExists, IllegalTransition, InvalidImport
+from app.memory.exceptions import CannotSupersede, FindingExists, InvalidImport
 from app.memory.models import Finding, FindingEvent, MemoryBase
 from app.memory.schemas import FindingCreate
+from app.statemachine import IllegalMove
 from tests.integration.memory.conftest import record, validated
 
 
@@ -195,9 +196,10 @@ def test_status_rules_and_audit_trail(memory: Session) -> None:
         lambda: service.validate(memory, dropped.id, "x"),
         lambda: service.refute(memory, dropped.id, "x", "again"),
     ):
-        with pytest.raises(IllegalTransition) as caught:
+        with pytest.raises(IllegalMove) as caught:
             call()
-        assert caught.value.status == 422 and caught.value.extra["field"] == "status"
+        assert caught.value.status == 409 and caught.value.slug == "illegal-finding-move"
+        assert caught.value.extra["from_state"] in ("validated", "refuted")
     with pytest.raises(InvalidInput, match="reason"):
         service.refute(memory, record(memory, "x y z").id, "x", "  ")
 
@@ -215,7 +217,7 @@ def test_status_rules_and_audit_trail(memory: Session) -> None:
 def test_validated_changes_only_by_supersession(memory: Session) -> None:
     old = validated(memory, "Tile 64 is best on h100.", project="kernel-lab")
     proposed = record(memory, "Probably tile 96.", project="kernel-lab")
-    with pytest.raises(IllegalTransition, match="supersedes"):
+    with pytest.raises(CannotSupersede, match="supersedes"):
         record(memory, "Tile 32?", project="kernel-lab", supersedes=proposed.id)
 
     # A proposal that supersedes takes effect only when it is validated.
@@ -246,7 +248,7 @@ def test_validated_changes_only_by_supersession(memory: Session) -> None:
         successor.id,
         "superseded",
     )
-    with pytest.raises(IllegalTransition, match="superseded"):
+    with pytest.raises(CannotSupersede, match="superseded"):
         service.supersede(memory, old.id, FindingCreate(kind="lesson", statement="again"), "t")
 
 

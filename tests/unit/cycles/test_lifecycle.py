@@ -8,10 +8,11 @@ from itertools import product
 import pytest
 
 from app.cycles import lifecycle
-from app.cycles.lifecycle import ALLOWED, MOVES, IllegalMove
+from app.cycles.lifecycle import ALLOWED, MOVES
 from app.cycles.models import Cycle
 from app.cycles.states import ALL, LIVE, TERMINAL, WAITING
 from app.cycles.steps import STEPS
+from app.statemachine import IllegalMove
 
 
 def cycle(state: str, cycle_id: int = 3) -> Cycle:
