@@ -22,7 +22,6 @@ import json
 import os
 import shlex
 import signal
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,7 +57,7 @@ from workers.launcher.spare import SpareSlot
 from workers.launcher.venv import Venv
 
 
-# What this module needs of the GPU loop's objects (workers/gpu.py, heartbeat.py, prepare.py),
+# What this module needs of the GPU loop's objects (workers/gpu/, prepare.py),
 # which import this module: described here, not imported.
 class Ticket(Protocol):
     @property
@@ -83,7 +82,6 @@ class WorkerIdentity(Protocol):
 
 class Heartbeat(Protocol):
     pgid: int | None
-    spawned_at: float | None
     cancelled: bool
 
     def start(self) -> None: ...
@@ -255,7 +253,7 @@ def run_command_job(
     def spawned(pid: int, pgid: int) -> None:
         """Each run's group is the one a cancel kills; the first run starts the job."""
         nonlocal started
-        beat.pgid, beat.spawned_at = pgid, time.time()
+        beat.pgid = pgid
         if beat.cancelled:  # asked between two runs: this one goes at once
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)

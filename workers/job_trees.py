@@ -26,7 +26,7 @@ from app.db import Stores
 from app.jobs import paths
 from app.jobs import service as jobs
 from app.settings import Settings
-from workers.claims import Claims
+from workers.gpu.claims import Claims
 
 log = logging.getLogger(__name__)
 

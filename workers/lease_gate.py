@@ -1,10 +1,11 @@
 """When a GPU worker stops taking jobs: at its drain, and past its deadline.
 
 *The drain.* SIGTERM is Celery's warm shutdown: the worker finishes the task in hand and exits.
-A GPU worker's task is its loop over the queue (`gpu.RunLoop.run_available`), which would go on
-leasing job after job; so the shutdown closes this gate, and the loop ends at the running job's
-end: its outcome stored, its reservation given back, nothing new leased. That is what systemd,
-Kubernetes and the Slurm script (`deploy/slurm/`) send to stop a worker without losing a job.
+A GPU worker's task is its loop over the queue (`gpu/loop.py`, `RunLoop.run_available`), which
+would go on leasing job after job; so the shutdown closes this gate, and the loop ends at the
+running job's end: its outcome stored, its reservation given back, nothing new leased. That is
+what systemd, Kubernetes and the Slurm script (`deploy/slurm/`) send to stop a worker without
+losing a job.
 
 *The deadline* (`autopilot worker gpu --deadline`, `AUTOPILOT_WORKER_DEADLINE`): a host that is
 only lent, such as a Slurm allocation, ends at a known time. Past `deadline - time_limit_s` the

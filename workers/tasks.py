@@ -10,15 +10,17 @@ from celery.signals import worker_shutdown, worker_shutting_down
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
-from workers import gpu, lease_gate, prepare, reaper
+from workers import lease_gate, prepare, reaper
 from workers.celery_app import RECONCILE_GITHUB, celery
+from workers.gpu.loop import RunLoop
+from workers.gpu.tickets import WorkerIdentity
 from workers.launcher import confine, execstub
 from workers.launcher.spare import SpareSlot
 
 log = logging.getLogger(__name__)
 
 # Set by `autopilot worker gpu` before the worker starts (solo pool: same process).
-IDENTITY: gpu.WorkerIdentity | None = None
+IDENTITY: WorkerIdentity | None = None
 # The GPU worker's parked interpreter for its next job, kept across doorbells.
 SPARES = SpareSlot()
 # Its background preparer (made at the first doorbell: the queue is known by then).
@@ -56,7 +58,7 @@ def run_jobs(queue: str) -> int:
     if PREPARER is None:  # this worker's first doorbell
         confine.start_death_watch()
         PREPARER = prepare.Preparer(stores(), get_settings(), me.queue)
-    loop = gpu.RunLoop(
+    loop = RunLoop(
         stores(), get_settings(), me, spares=SPARES, preparer=PREPARER, exec_stub=True
     )
     return loop.run_available()

@@ -63,10 +63,11 @@ def worker_gpu(
 
     from app.db import Stores
     from app.jobs import service as jobs
-    from workers import gpu, log_outbox, tasks
+    from workers import log_outbox, tasks
     from workers.celery_app import celery
+    from workers.gpu.tickets import WorkerIdentity
 
-    me = gpu.WorkerIdentity.for_device(kind, device)
+    me = WorkerIdentity.for_device(kind, device)
     me.name = f"gpu-{kind}-{device}-{os.getpid()}@{socket.gethostname()}"
     tasks.IDENTITY = me
     with Stores.from_settings(settings).ops_session() as session:

@@ -4,7 +4,7 @@ A worker reserves its next job at its current job's first line: a lease row on a
 stays `queued` (it keeps its place in the submission order, is not yet running, and an idle
 worker of the same host may still take it over: `service.lease_next`). When the current job
 ends, the worker hands the reserved job to its parked interpreter at once, unless the host's
-claim on it (`workers/claims.py`) says an idle worker took it, and only then records, in one
+claim on it (`workers/gpu/claims.py`) says an idle worker took it, and only then records, in one
 transaction, the finished job's outcome and the reserved job's start (`start_reserved`): no DB
 round trip on the GPU's idle gap.
 

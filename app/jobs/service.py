@@ -210,7 +210,7 @@ def first_waiting(session: Session, queue: str, host: str | None = None) -> Job 
 
 
 #: May an idle worker take over this job, reserved by another worker of its host (the host's
-#: claim on it, `workers/claims.py`)?
+#: claim on it, `workers/gpu/claims.py`)?
 MayTake = Callable[[Job, Lease], bool]
 
 

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 EventCallback = Callable[[dict[str, Any]], None]
 #: Receives (pid, pgid) right after the spawn, before any output is read (for the lease).
 SpawnCallback = Callable[[int, int], None]
+#: Called at each turn of a running job's supervision, on its thread: returns when (monotonic)
+#: it wants to be called again at the latest, or None when it does not need to be.
+TickCallback = Callable[[], float | None]
 
 
 @dataclass
@@ -183,6 +186,7 @@ def run_job(
     deferred: Callable[[Callable[[], None]], None] | None = None,
     staged: Staged | None = None,
     on_exit: Callable[[], None] | None = None,
+    on_tick: TickCallback | None = None,
 ) -> Outcome:
     """Run the experiment to completion (or its time limit) and return what happened.
 
@@ -197,7 +201,8 @@ def run_job(
     `staged` is the job made ready ahead (`staging.stage`), perhaps already started
     (`Staged.go`); `on_exit` is called once, as soon as the job's leader has exited and its
     group was killed, before anything else is done about it: a GPU worker starts its next
-    job there.
+    job there. `on_tick` is called at each turn while the job runs (`TickCallback`): a GPU
+    worker records a reserved job's start there when its first line is slow to come.
     """
     lim = limits or Limits()
     if staged is None:
@@ -206,7 +211,7 @@ def run_job(
         proc = staged.go()
         outcome = _supervise(
             job, proc, staged.started, staged.listener, lim, on_event, on_spawn, staged.cgroup,
-            on_exit,
+            on_exit, on_tick,
         )  # fmt: skip
         outcome.launch, outcome.spare_missed = staged.launch, staged.missed
         outcome.cgroup = staged.cgroup.path.name if staged.cgroup is not None else None
@@ -240,6 +245,7 @@ def _supervise(
     on_spawn: SpawnCallback | None,
     cgroup: sandbox.Cgroup | None = None,
     on_exit: Callable[[], None] | None = None,
+    on_tick: TickCallback | None = None,
 ) -> Outcome:
     watch = _Supervision(proc, started, listener, lim, on_event, cgroup, on_exit)
     try:
@@ -247,6 +253,8 @@ def _supervise(
             on_spawn(proc.pid, watch.pgid)
         watch.register()
         while not watch.over():
+            if on_tick is not None and watch.returncode is None:
+                watch.tick_at = on_tick()
             for key, _mask in watch.sel.select(watch.timeout()):
                 watch.dispatch(key)
     except BaseException:
@@ -287,6 +295,7 @@ class _Supervision:
         self.drain_until: float | None = None
         self.open_streams = 2
         self.now = time.monotonic()
+        self.tick_at: float | None = None  # when the caller's tick wants the next turn
 
     def register(self) -> None:
         proc = self.proc
@@ -347,6 +356,8 @@ class _Supervision:
             wake.append(self.drain_until)
         if self.pidfd is None and self.returncode is None:
             wake.append(now + 0.02)  # no pidfd: poll for the exit
+        if self.tick_at is not None and self.returncode is None:
+            wake.append(self.tick_at)
         if self.returncode is None or self.drain_until:
             return max(0.0, min(wake) - now)
         return 0.0

@@ -18,10 +18,12 @@ from app.jobs.lifecycle import End
 from app.jobs.models import Lease
 from app.settings import Settings
 from tests.integration.queue.test_jobs_service import make_project, row, submit
-from workers import gpu, job_trees
+from workers import job_trees
+from workers.gpu import run
+from workers.gpu.loop import RunLoop
+from workers.gpu.reservation import Reservation
+from workers.gpu.tickets import Ticket, WorkerIdentity
 from workers.lease_gate import LeaseGate, PastDeadline, parse_deadline
-from workers.next_job import NextJob
-from workers.tickets import Ticket, WorkerIdentity
 
 
 class Outbox:
@@ -44,17 +46,24 @@ def run_loop(
 ) -> list[int]:
     """One doorbell's loop over the queue; the ids of the jobs it ran, in order."""
     me = WorkerIdentity(name=f"gpu-cpu-{name}", kind="cpu", device="")
-    loop = gpu.RunLoop(stores, settings, me, sender=NoSender(), gate=gate)  # type: ignore[arg-type]
+    loop = RunLoop(stores, settings, me, sender=NoSender(), gate=gate)  # type: ignore[arg-type]
     ran: list[int] = []
 
-    def run_one(ticket: Ticket, settle: object = None) -> jobs.JobOutcome:
-        ran.append(ticket.job_id)
-        if during is not None:
-            during(ticket)
-        return jobs.JobOutcome(ended=End.COMPLETED, result={"status": "ok"})
+    class StandIn:
+        """The run itself (launch, supervise, measure): it succeeds at once."""
 
-    loop.run_one = run_one  # type: ignore[method-assign]
-    loop.run_available()
+        def run(self, job: run.JobRun) -> jobs.JobOutcome:
+            ran.append(job.ticket.job_id)
+            if during is not None:
+                during(job.ticket)
+            return jobs.JobOutcome(ended=End.COMPLETED, result={"status": "ok"})
+
+    def stand_in(_ticket: Ticket) -> StandIn:
+        return StandIn()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(run, "measurement_for", stand_in)
+        loop.run_available()
     return ran
 
 
@@ -124,7 +133,7 @@ def test_a_reservation_past_the_deadline_is_never_made(stores: Stores, settings:
     at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
     me = WorkerIdentity(name="gpu-cpu-w1", kind="cpu", device="")
     gate = LeaseGate(deadline=time.time() + 100)
-    nxt = NextJob(stores, at_once, me, spares=None, discard=lambda _: None, gate=gate)  # type: ignore[arg-type]
+    nxt = Reservation(stores, at_once, me, spares=None, discard=lambda _: None, gate=gate)  # type: ignore[arg-type]
     assert nxt.reserve() is None  # the first in line is too long: not reserved, rolled back
     assert untouched(stores, long) and untouched(stores, short)
     gate.deadline = time.time() + 400
@@ -144,7 +153,7 @@ def test_a_reserved_job_that_no_longer_fits_is_given_back(
     at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
     me = WorkerIdentity(name="gpu-cpu-w1", kind="cpu", device="")
     gate = LeaseGate(deadline=time.time() + 100)
-    nxt = NextJob(stores, at_once, me, spares=None, discard=lambda _: None, gate=gate)  # type: ignore[arg-type]
+    nxt = Reservation(stores, at_once, me, spares=None, discard=lambda _: None, gate=gate)  # type: ignore[arg-type]
     assert nxt.reserve() is not None
     gate.deadline = time.time() + 10  # its turn came later than it would have fitted
     nxt.go()  # nothing staged, and nothing started

@@ -24,7 +24,7 @@ from tests.integration.queue.test_jobs_service import (
     row,
     submit,
 )
-from workers.claims import Claims
+from workers.gpu.claims import Claims
 
 
 def reserve(
@@ -181,7 +181,7 @@ def test_a_job_cancelled_while_reserved_stays_cancelled_whatever_ran(
 
 
 class Host:
-    """The claims of reserved jobs on this host (workers/claims.py), as its workers use them."""
+    """The claims of reserved jobs on this host (workers/gpu/claims.py), as its workers use them."""
 
     def __init__(self, root: Path) -> None:
         self.claims = Claims(root)
@@ -311,20 +311,21 @@ def test_a_reservation_unrenewed_for_about_a_lease_is_not_started(
 ) -> None:
     """A reservation whose renewals failed may have lapsed and gone to another worker: at its
     turn the reserver gives it back instead of starting it (no DB round trip to ask)."""
-    from workers.next_job import NextJob
-    from workers.tickets import WorkerIdentity
+    from workers.gpu.reservation import Reservation, State
+    from workers.gpu.tickets import WorkerIdentity
 
     make_project(stores, "alpha")
     running, first, second = (submit(stores, settings, "alpha") for _ in range(3))
     me = WorkerIdentity(name="w1", kind="cpu", device="")
     assert lease(stores, settings, me.name) == running
     at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
-    nxt = NextJob(stores, at_once, me, spares=None, discard=lambda _: None)  # type: ignore[arg-type]
+    nxt = Reservation(stores, at_once, me, spares=None, discard=lambda _: None)  # type: ignore[arg-type]
     reserved = nxt.reserve()
     assert reserved is not None and reserved.job_id == first
     taken = nxt.take()  # renewed just now: its turn, it is this worker's to start
     assert taken is not None and taken.job_id == first
     start(stores, first, me.name)
+    nxt.closed(taken, State.STARTED)  # as its run does once its start is recorded
     finish(stores, running, me.name)
     reserved = nxt.reserve()
     assert reserved is not None and reserved.job_id == second

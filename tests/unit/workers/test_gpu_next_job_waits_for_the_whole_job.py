@@ -13,9 +13,11 @@ import pytest
 from app.jobs import service as jobs
 from app.jobs.lifecycle import End
 from app.settings import Settings
-from workers import gpu
+from workers import command_runs
+from workers.gpu import run as job_run
+from workers.gpu.loop import RunLoop
+from workers.gpu.tickets import Ticket, WorkerIdentity
 from workers.launcher import runner
-from workers.tickets import Ticket, WorkerIdentity
 
 
 class StagedNext:
@@ -28,10 +30,13 @@ class StagedNext:
         if "next job started" not in self.order:
             self.order.append("next job started")
 
+    def renew(self, session: object) -> None:
+        """Kept with the running job's heartbeat (none beats here)."""
+
 
 def run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: dict[str, Any], **ran: Any
-) -> tuple[list[str], jobs.JobOutcome]:
+) -> tuple[list[str], jobs.JobOutcome, Path]:
     order: list[str] = []
 
     def run_job(_spec: Any, **kw: Any) -> runner.Outcome:
@@ -46,26 +51,28 @@ def run(
         return _args[3]
 
     monkeypatch.setattr(runner, "run_job", run_job)
-    monkeypatch.setattr(gpu.command_runs, "head_vs_base", head_vs_base)
+    monkeypatch.setattr(command_runs, "head_vs_base", head_vs_base)
     settings = Settings(_env_file=None, state_dir=tmp_path)  # type: ignore[call-arg]
-    loop = gpu.RunLoop(
+    loop = RunLoop(
         None,  # type: ignore[arg-type]
         settings,
         WorkerIdentity.for_device("cpu", ""),
         sender=object(),  # type: ignore[arg-type]
     )
-    loop.next = StagedNext(order)  # type: ignore[assignment]
+    loop.reservation = StagedNext(order)  # type: ignore[assignment]
     ticket = Ticket(1, "timing", str(tmp_path), str(tmp_path), spec, 60.0)
-    launch = gpu._Launch(spec=None)  # type: ignore[arg-type]
-    log_path = tmp_path / "job.log"
-    outcome = loop._run_logged(ticket, None, launch, None, log_path)  # type: ignore[arg-type]
-    return order, outcome
+    launch = job_run.Launch(spec=None)  # type: ignore[arg-type]
+    job = job_run.JobRun(loop, ticket)
+    measurement = job_run.measurement_for(ticket)
+    assert isinstance(measurement, job_run.Harness)
+    outcome = measurement.measure(job, launch, None)  # type: ignore[arg-type]
+    return order, outcome, job.log_path
 
 
 def test_a_plain_job_starts_the_next_at_its_exit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    order, outcome = run(tmp_path, monkeypatch, {"parameters": {}})
+    order, outcome, _ = run(tmp_path, monkeypatch, {"parameters": {}})
     assert outcome.ended is End.COMPLETED
     assert order == ["main run exited", "next job started"]
 
@@ -73,7 +80,7 @@ def test_a_plain_job_starts_the_next_at_its_exit(
 def test_the_next_job_waits_for_the_head_against_base_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    order, outcome = run(tmp_path, monkeypatch, {"parameters": {}, "head_vs_base": True})
+    order, outcome, _ = run(tmp_path, monkeypatch, {"parameters": {}, "head_vs_base": True})
     assert outcome.ended is End.COMPLETED
     assert order == ["main run exited", "head-vs-base runs done", "next job started"]
 
@@ -82,11 +89,11 @@ def test_a_run_that_met_a_cgroup_limit_fails_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hit = "the run hit its process limit: 9 fork(s) refused (pids.max = 64)"
-    order, outcome = run(
+    order, outcome, log_path = run(
         tmp_path, monkeypatch, {"parameters": {}}, limit=hit, result_error=hit, events_dropped=3
     )
     assert outcome.ended is End.FAILED
     assert outcome.error == hit  # named once
-    log = (tmp_path / "job.log").read_text()
+    log = log_path.read_text()
     assert f"[limits] {hit}" in log
     assert "[events] 3 event(s) dropped" in log

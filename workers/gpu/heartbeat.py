@@ -1,6 +1,8 @@
-"""A running job's heartbeat: it renews the job's lease while the job runs, keeps the log's tail
-in the ops DB for the control host, and kills the job's process group when cancellation is
-asked."""
+"""A running job's heartbeat: a thread that renews the job's lease (and, in the same
+transaction, its worker's reservation of the next job) while the job runs, carrying the log's
+tail to the ops DB, and stops the job's processes when the renewal says the job is no longer
+its worker's to run (cancelled, its lease lost, a member of its gang gone). It records nothing
+of the job's start or outcome: the job's own run does (`run.py`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -21,48 +22,39 @@ from app.jobs import service as jobs
 from app.settings import Settings
 from workers import gang_members
 
-
-class _Named(Protocol):
-    @property
-    def name(self) -> str: ...
-
-
-class RunLoop(Protocol):
-    """What a heartbeat needs of its GPU loop (workers/gpu.py)."""
-
-    @property
-    def stores(self) -> Stores: ...
-    @property
-    def settings(self) -> Settings: ...
-    @property
-    def me(self) -> _Named: ...
-    def renew_reservation(self, session: Session) -> None: ...
-
-
 log = logging.getLogger(__name__)
 
 
 class Heartbeat:
     """Renews the lease while the job runs; kills the job's group when cancellation is asked."""
 
-    def __init__(self, loop: RunLoop, job_id: int, *, gang: bool = False) -> None:
-        self.loop, self.job_id = loop, job_id
+    def __init__(
+        self,
+        stores: Stores,
+        settings: Settings,
+        worker: str,
+        job_id: int,
+        *,
+        gang: bool = False,
+        renew_also: Callable[[Session], None] | None = None,
+    ) -> None:
+        """`renew_also` renews what else the worker holds in the same transaction (its
+        reservation of the next job)."""
+        self.stores, self.settings, self.worker, self.job_id = stores, settings, worker, job_id
+        self.renew_also = renew_also
         #: A job of several GPUs led by this worker: each beat checks its members are up.
         self.gang = gang
         self.gang_lost: str | None = None
-        self.pgid: int | None = None
-        self.spawned_at: float | None = None  # wall clock, set at spawn or hand-over
+        self.pgid: int | None = None  # the group a cancel kills: the job's, or its run's
         self.cancelled = False
-        #: A reserved job's start, to record with its first line (`record_start`).
-        self.pending_start: Callable[..., None] | None = None
-        self._start_lock = threading.Lock()
         self._killed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
 
     def start(self) -> None:
-        """Start beating (idempotent). A GPU worker starts it once the job is handed over:
-        a thread's start waits for the thread to be scheduled, which is no work for the gap."""
+        """Start beating (idempotent). A GPU worker starts it once the job's start is recorded
+        (its lease is then the job's): a thread's start waits for the thread to be scheduled,
+        which is no work for the GPU's idle gap."""
         if self._thread.ident is None:
             self._thread.start()
 
@@ -77,41 +69,24 @@ class Heartbeat:
         if self._thread.ident is not None:
             self._thread.join(timeout=10)
 
-    def record_start(self, **kw: Any) -> bool:
-        """Record the job's pending start now, once, whichever thread comes first (its first
-        line, its first beat, its end); False when there was none. A failure other than a lost
-        lease leaves it pending for the next try."""
-        with self._start_lock:
-            task, self.pending_start = self.pending_start, None
-            if task is None:
-                return False
-            try:
-                task(**kw)
-            except jobs.LeaseLost:
-                raise
-            except Exception:
-                self.pending_start = task
-                raise
-            return True
-
     def _run(self) -> None:
-        interval = self.loop.settings.heartbeat_interval_s
+        interval = self.settings.heartbeat_interval_s
         while not self._stop.wait(interval):
             try:
-                self.record_start()
-                with self.loop.stores.ops_session() as session:
+                with self.stores.ops_session() as session:
                     wanted = jobs.heartbeat(
                         session,
-                        self.loop.settings,
+                        self.settings,
                         self.job_id,
-                        self.loop.me.name,
+                        self.worker,
                         log_tail=logs.tail_text(
-                            paths.log_path(self.loop.settings, self.job_id), paths.LOG_TAIL_BYTES
+                            paths.log_path(self.settings, self.job_id), paths.LOG_TAIL_BYTES
                         ),
                     )
-                    self.loop.renew_reservation(session)  # the next job's, if reserved
+                    if self.renew_also is not None:
+                        self.renew_also(session)
                     if self.gang and self.gang_lost is None:
-                        self.gang_lost = gang_members.check(session, self.job_id, self.loop.me.name)
+                        self.gang_lost = gang_members.check(session, self.job_id, self.worker)
                         wanted = wanted or self.gang_lost is not None
             except jobs.LeaseLost:
                 wanted = True  # someone else owns it now: stop ours

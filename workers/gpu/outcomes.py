@@ -16,8 +16,8 @@ from app import broker
 from app.db import Stores
 from app.jobs import service as jobs
 from app.settings import Settings
+from workers.gpu.tickets import Ticket
 from workers.log_outbox import Entry, LogSender
-from workers.tickets import Ticket
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from app.jobs import paths
 from app.projects import config as project_config
 from app.settings import Settings
 from workers import prepare
-from workers.tickets import Ticket
+from workers.gpu.tickets import Ticket
 
 
 class LaunchSettingsCache:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from app.settings import Settings
 from workers import prepare
+from workers.gpu.tickets import Ticket, WorkerIdentity
 from workers.launcher import confine, runtime
 from workers.launcher.launch import LaunchSpec
 from workers.launcher.spare import Spare, SpareSlot
-from workers.tickets import Ticket, WorkerIdentity
 
 
 class SparePool:
