@@ -8,7 +8,7 @@ that follows the draw is the service's own code, as a campaign would run it:
   `app.jobs.service.command_spec`, with a fresh seed per comparison;
 - the runner: `workers.blocks.run_until_decided` over `app.projects.command.schedule`'s seeded
   order of runs, stopping the blocks by the rule (`autopilot_harness.sequential`, asked through
-  `app.cycles.judge.sequential.decide` after each block); only `Arms.run_one` is replaced, by a
+  `app.jobs.stopping.decide` after each block); only `Arms.run_one` is replaced, by a
   draw from the noise model;
 - the judge: `app.cycles.judge.command.judge_command` on the raw result (it re-checks the stop);
 - the keep rule: `app.cycles.judge.keep` (`needs_confirmation`, then a confirmation comparison
@@ -49,6 +49,7 @@ from _common import bench_parser, machine, print_json, today
 
 from app.cycles.judge import keep
 from app.cycles.judge.command import judge_command
+from app.jobs import stopping
 from app.jobs.service import command_spec
 from app.projects import command as command_kind
 from app.projects.config import Experiment, parse
@@ -132,7 +133,7 @@ def comparison(
     spec = {**command_spec(exp), "seed": seed}
     plan = command_kind.schedule(exp.repeats, exp.warmup_runs, seed)
     arms = SimulatedArms(machine, ratio)
-    records, stop = blocks.run_until_decided(arms, plan, blocks.rule_of(spec), seed)  # type: ignore[arg-type]
+    records, stop = blocks.run_until_decided(arms, plan, stopping.rule_of(spec), seed)  # type: ignore[arg-type]
     result: dict[str, Any] = {
         "status": "ok",
         "kind": "command",

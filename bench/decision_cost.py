@@ -37,6 +37,7 @@ from _common import bench_parser, machine, print_json, today
 from command_power import arm_places
 
 from app.cycles.judge.command import judge_command
+from app.jobs import stopping
 from app.jobs.service import command_spec
 from app.projects import command as command_kind
 from app.projects.config import Experiment, parse
@@ -101,7 +102,7 @@ def run_job(
     )
     spec = {**command_spec(exp), "seed": seed}
     plan = command_kind.schedule(exp.repeats, exp.warmup_runs, seed)
-    records, stop = blocks.run_until_decided(arms, plan, blocks.rule_of(spec), seed)
+    records, stop = blocks.run_until_decided(arms, plan, stopping.rule_of(spec), seed)
     result = arms.result(records, name="loop", spec_device="cpu", host="bench")
     if stop is not None:
         result["stopped"] = {"blocks": stop[1].blocks, "decision": stop[0]}

@@ -3,7 +3,7 @@
 
 The runner is ours, not the candidate's: after each whole block (one baseline, one candidate
 and one A/A baseline run) from the rule's first look on, it asks the stopping rule
-(`autopilot_harness.sequential`) about the values so far, and stops the job's runs when the rule
+(`app.jobs.stopping`) about the values so far, and stops the job's runs when the rule
 stops: an effect, an equivalence within the margin, or the maximum; a quality gate that fails
 at a look stops them at once (the candidate is rejected whatever its speed). The control plane
 asks the same rule the same question of the recorded samples and refuses a stop it does not
@@ -17,20 +17,12 @@ from typing import Any
 
 from autopilot_harness import sequential
 
-from app.cycles.judge.sequential import decide
+from app.jobs import stopping
 from app.projects import command as command_kind
 from workers.arms import Arms, by_role
 
 #: The roles of one block; a block is whole when it has a record of each.
 BLOCK_ROLES = ("baseline", "candidate", "baseline_aa")
-
-
-def rule_of(spec: Mapping[str, Any]) -> sequential.Rule | None:
-    """The stopping rule the control plane wrote in a job's spec (None: a fixed design)."""
-    raw = spec.get("sequential")
-    if not raw:
-        return None
-    return sequential.Rule.from_dict(raw)
 
 
 def whole_blocks(records: Sequence[Mapping[str, Any]]) -> int:
@@ -75,7 +67,7 @@ def run_until_decided(
         counted = blocks
         values = {role: by_role(records, role) for role in BLOCK_ROLES}
         checks = {arm: by_role(records, arm, "check") for arm in ("baseline", "candidate")}
-        decision, at = decide(rule, values, checks if gate else None, gate, seed)
+        decision, at = stopping.decide(rule, values, checks if gate else None, gate, seed)
         if decision != "continue":
             if arms.log is not None:
                 arms.log.write(f"[stop] {describe(decision, at, rule)}\n")

@@ -1,24 +1,25 @@
-"""The full `autopilot` command: the control-plane commands plus those that run on worker hosts.
+"""The `autopilot` console script (`workers.cli:main`).
 
-It lives in `workers` so that `app` never imports `workers` (dependencies point one way).
+A command line that starts with `worker` runs the worker commands alone: a GPU host's worker
+process then loads none of the control plane's commands, routes and services (it runs jobs, not
+cycles). Any other runs the full command (`workers.commands`).
 """
 
 from __future__ import annotations
 
-from app.cli.main import cli
-from app.cli.main import main as run_cli
-from workers.demo import demo_command
-from workers.launcher.cli import doctor_app
-from workers.worker_cli import beat_command, worker_app
+import sys
 
-cli.add_typer(doctor_app, name="doctor")
-cli.add_typer(worker_app, name="worker")
-cli.command("beat")(beat_command)
-cli.command("demo")(demo_command)
+from app.cli import failures
+from workers.worker_cli import worker_command
 
 
 def main() -> None:
-    run_cli()  # every failure as one line (app.cli.failures)
+    if sys.argv[1:2] == ["worker"]:
+        failures.run(worker_command)  # every failure as one line, as the full command's
+        return
+    from workers.commands import main as run_full
+
+    run_full()
 
 
 if __name__ == "__main__":

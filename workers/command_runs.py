@@ -26,10 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.cycles.exceptions import Unjudgeable
 from app.db import Stores
 from app.errors import InvalidInput
-from app.jobs import paths
+from app.jobs import paths, stopping
 from app.jobs import service as jobs
 from app.jobs.lifecycle import End
 from app.projects import command as command_kind
@@ -198,9 +197,9 @@ def _run_logged(
     stopped: dict[str, Any] | None = None
     error: str | None = None
     try:
-        rule = blocks.rule_of(spec)
-    except ValueError as exc:
-        return records, None, f"the job's stopping rule is unusable: {exc}"
+        rule = stopping.rule_of(spec)
+    except stopping.Unusable as exc:  # the judge would refuse it too
+        return records, None, str(exc)
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log_file:
@@ -224,7 +223,7 @@ def _run_logged(
                 }
     except RunFailed as exc:
         error = str(exc)
-    except Unjudgeable as exc:  # the spec's gate is unusable: the judge would refuse it too
+    except stopping.Unusable as exc:  # the spec's gate is unusable: the judge would refuse it too
         error = f"the job's quality gate is unusable: {exc}"
     except jobs.LeaseLost as exc:
         error = f"the lease was lost: {exc}"

@@ -38,7 +38,6 @@ from app.settings import Settings
 from workers import command_runs, control_client, gang_members
 from workers.launcher import confine, guard, runtime, venv, venv_progress
 from workers.launcher.launch import LaunchSpec
-from workers.reaper import ring_cycle
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +244,10 @@ def _prepare_locked(
             ended = preparation.preparation_failed(
                 session, settings, job_id, host, f"preparation failed: {message}"
             )
+            cycle_id = jobs.cycle_of(session, job_id) if ended else None
         log.warning("job %s: preparation on %s failed: %s", job_id, host, message)
-        if ended:
-            ring_cycle(settings, stores, job_id)
+        if cycle_id is not None:  # the job failed: its cycle moves on (after the commit)
+            broker.ring_advance(settings, cycle_id)
         return False
     return _ready(stores, settings, job_id, host, tree, env, source.queue if ring else None)
 

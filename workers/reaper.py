@@ -9,16 +9,7 @@ from app.cycles import service as cycles
 from app.cycles.campaigns import service as campaigns
 from app.db import Stores
 from app.jobs import reaping
-from app.jobs import service as jobs
 from app.settings import Settings
-
-
-def ring_cycle(settings: Settings, stores: Stores, job_id: int) -> None:
-    """Ring the advance doorbell of the job's cycle, if it has one."""
-    with stores.ops_session() as session:
-        cycle_id = jobs.cycle_of(session, job_id)
-    if cycle_id is not None:
-        broker.ring_advance(settings, cycle_id)
 
 
 def reap(stores: Stores, settings: Settings) -> reaping.Reaped:

@@ -1,4 +1,8 @@
-"""Thin task wrappers: each takes ids, opens its own sessions, and calls one service function."""
+"""Thin task wrappers: each takes ids, opens its own sessions, and calls one service function.
+
+Both workers import this module (the Celery app includes it), but a GPU worker runs only
+`run_jobs`: each control task imports its services in its body, so a GPU host loads none of the
+control plane (tests/unit/architecture/test_gpu_host_imports.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from celery.signals import worker_shutdown, worker_shutting_down
 from app import broker
 from app.db import Stores
 from app.settings import get_settings
-from workers import lease_gate, prepare, reaper
+from workers import lease_gate, prepare
 from workers.celery_app import RECONCILE_GITHUB, celery
 from workers.gpu.loop import RunLoop
 from workers.gpu.tickets import WorkerIdentity
@@ -58,14 +62,14 @@ def run_jobs(queue: str) -> int:
     if PREPARER is None:  # this worker's first doorbell
         confine.start_death_watch()
         PREPARER = prepare.Preparer(stores(), get_settings(), me.queue)
-    loop = RunLoop(
-        stores(), get_settings(), me, spares=SPARES, preparer=PREPARER, exec_stub=True
-    )
+    loop = RunLoop(stores(), get_settings(), me, spares=SPARES, preparer=PREPARER, exec_stub=True)
     return loop.run_available()
 
 
 @celery.task(name=broker.REAP)
 def reap() -> dict[str, list[int] | list[str]]:
+    from workers import reaper
+
     reaped = reaper.reap(stores(), get_settings())
     return {"requeued": reaped.requeued, "failed": reaped.failed}
 

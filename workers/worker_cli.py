@@ -14,6 +14,10 @@ from app.settings import Settings
 worker_app = typer.Typer(
     help="Start workers: one per GPU, and the control worker.", no_args_is_help=True
 )
+#: A worker host's command line, `autopilot worker gpu|control`: `workers.cli` runs it without
+#: the control plane's commands.
+worker_command = typer.Typer(name="autopilot", add_completion=False, no_args_is_help=True)
+worker_command.add_typer(worker_app, name="worker")
 _DEVICE = re.compile(r"^[0-9]+(,[0-9]+)*$|^$")
 
 

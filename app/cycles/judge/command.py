@@ -33,8 +33,8 @@ from autopilot_harness import stats
 
 from app.cycles.exceptions import Unjudgeable
 from app.cycles.judge.figures import FIGURES, JUDGE, MAX_PAIRS
-from app.cycles.judge.gate import check_gate
-from app.cycles.judge.sequential import judge_stop, rule_from_spec
+from app.cycles.judge.sequential import judge_stop
+from app.jobs import stopping
 
 ROLES = ("baseline", "candidate", "baseline_aa")
 #: Where a judged number may come from: a command's three, and a harness entry at two commits.
@@ -69,9 +69,12 @@ def judge_command(result: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[st
     floor = stats.noise_floor(noise)
     estimate = stats.estimate_ratio(values["baseline"], values["candidate"], seed=seed + 1)
     integrity = _integrity(result, spec)
-    check = check_gate(spec.get("check"), result.get("checks"))
+    try:
+        check = stopping.check_gate(spec.get("check"), result.get("checks"))
+        rule = stopping.rule_of(spec)
+    except stopping.Unusable as exc:
+        raise Unjudgeable(str(exc)) from None
     passed = check is None or bool(check["pass"])
-    rule = rule_from_spec(spec)
     if rule is None:
         decided = stats.decide(estimate, floor, accuracy_pass=passed)
         judged.update(estimate.as_dict())

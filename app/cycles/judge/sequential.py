@@ -2,9 +2,9 @@
 verdicts").
 
 A job whose spec carries a stopping rule ran its blocks until the rule stopped them; the runner
-says where and why in the result's `stopped`. The judge asks the same rule
-(`autopilot_harness.sequential`, with the spec's seed and rule, never the result's copy) the
-same question of the recorded values, and:
+says where and why in the result's `stopped`. The judge asks the runner's own question
+(`app.jobs.stopping.decide`, with the spec's seed, rule and gate, never the result's copy) of
+the recorded values, and:
 
 - where the rule stops at the block the values end with, the verdict is the rule's: an effect
   is `faster` or `slower` by its sign, an equivalence or the maximum is `inconclusive`; a
@@ -22,41 +22,10 @@ from typing import Any
 from autopilot_harness import sequential
 
 from app.cycles.exceptions import Unjudgeable
-from app.cycles.judge.gate import check_gate
+from app.jobs import stopping
 
 #: Why blocks stop: the rule's decisions, and a quality gate that failed at a look.
 DECISIONS = ("effect", "equivalent", "max", "gate")
-
-
-def rule_from_spec(spec: Mapping[str, Any]) -> sequential.Rule | None:
-    """The rule the control plane wrote at submission, or None for a fixed design."""
-    raw = spec.get("sequential")
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise Unjudgeable(f"the job's spec has sequential {raw!r}; expected a table of the rule")
-    try:
-        return sequential.Rule.from_dict(raw)
-    except sequential.RuleError as exc:
-        raise Unjudgeable(f"the job's spec has an unusable stopping rule: {exc}") from None
-
-
-def decide(
-    rule: sequential.Rule,
-    values: Mapping[str, Sequence[float]],
-    checks: Mapping[str, Sequence[float]] | None,
-    gate: Any,
-    seed: int,
-) -> tuple[str, sequential.Look]:
-    """The decision after all the blocks given: `gate` when the spec's quality gate (`gate`,
-    the spec's `check`) fails on their check values, else the rule's look ("continue" goes on).
-    The runner asks it after each block; the judge, of every look the values allow."""
-    at = sequential.look(
-        rule, values["baseline"], values["candidate"], values["baseline_aa"], seed=seed
-    )
-    if gate is not None and not check_gate(gate, checks)["pass"]:  # type: ignore[index]
-        return "gate", at
-    return at.decision, at
 
 
 def judge_stop(
@@ -81,12 +50,14 @@ def judge_stop(
         for k in range(rule.min_blocks, min(n, rule.max_blocks) + 1):
             seen = {role: list(v)[:k] for role, v in values.items()}
             gated = {arm: list(v)[:k] for arm, v in checks.items()} if checks else None
-            decision, at = decide(rule, seen, gated, gate, seed)
+            decision, at = stopping.decide(rule, seen, gated, gate, seed)
             if decision != "continue":
                 found = decision, at
                 break
     except sequential.RuleError as exc:
         raise Unjudgeable(f"the stopping rule cannot read the samples: {exc}") from None
+    except stopping.Unusable as exc:  # the quality gate's, at a look
+        raise Unjudgeable(str(exc)) from None
     if found is None:
         raise Unjudgeable(
             f"the runs stopped after {n} of at most {rule.max_blocks} blocks, but the rule "

@@ -25,13 +25,13 @@ from app.api.main import create_app
 from app.clock import utcnow
 from app.cycles.headline import headline
 from app.cycles.judge import judge
-from app.cycles.judge import sequential as judge_sequential
 from app.cycles.models import Cycle
 from app.cycles.pull_request import links, pr_body, pr_title
 from app.db import Stores
 from app.forge.base import ProjectRef
 from app.forge.local import LocalForge
 from app.git.work import GitWork
+from app.jobs import stopping
 from app.jobs.models import Job
 from app.memory import service as memory
 from app.memory.schemas import Evidence, FindingCreate
@@ -188,7 +188,7 @@ def stopped_command_result(seed: int = 7) -> dict[str, Any]:
             )
         if block + 1 < rule.min_blocks:
             continue
-        decision, _ = judge_sequential.decide(rule, values, checks, gate, seed)  # the runner's
+        decision, _ = stopping.decide(rule, values, checks, gate, seed)  # the runner's
         if decision != "continue":
             break
     raw = {

@@ -192,7 +192,7 @@ def test_a_deadline_without_an_offset_or_a_time_is_refused(text: str) -> None:
 def test_the_worker_refuses_a_deadline_it_cannot_read(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from workers.cli import cli
+    from workers.commands import cli
 
     result = CliRunner().invoke(
         cli,
