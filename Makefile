@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install sandbox browser run test check lint typecheck pytest bench clean
+.PHONY: install sandbox browser run test check lint typecheck pytest coverage bench clean
 
 install: $(STAMP) sandbox
 
@@ -56,8 +56,18 @@ browser:
 	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	  || echo "warning: chromium not installed; browser tests skip outside CI"; }
 
+# The suite runs on parallel workers (pytest-xdist): most of its time is spent waiting on real
+# worker processes, so more workers than cores pays. Each xdist worker has its own Redis
+# database and migrated-schema templates (tests/conftest.py).
+PYTEST_WORKERS ?= 4
 pytest: install browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal --durations=40
+
+# Line coverage of app/ and workers/ (in the test processes; workers started as subprocesses are
+# not traced), the figure a change must not lower.
+coverage: install browser
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
+	  --cov=app --cov=workers --cov-report=term:skip-covered --cov-report=json:coverage.json
 
 test: check pytest
 
