@@ -45,9 +45,43 @@ from workers.launcher.launch import LaunchError, LaunchSpec
 from workers.launcher.spare import Spare
 
 if TYPE_CHECKING:
-    from workers.gpu.loop import RunLoop
+    from app.db import Stores
+    from app.settings import Settings
+    from workers.gpu.launch_settings import LaunchSettingsCache
+    from workers.gpu.outcomes import OutcomeRecorder
+    from workers.gpu.reservation import Reservation
+    from workers.gpu.spares import SparePool
+    from workers.gpu.tickets import WorkerIdentity
+    from workers.launcher.spare import SpareSlot
 
 log = logging.getLogger(__name__)
+
+
+class Loop(Protocol):
+    """What a run needs of the loop that hands it its job (`loop.RunLoop`): the worker's
+    stores, settings and identity, its seams (the next job's reservation, the outcome recorder,
+    the parked interpreters) and the clean-ups it keeps off the GPU's idle gap."""
+
+    stores: Stores
+    settings: Settings
+    me: WorkerIdentity
+    reservation: Reservation
+    recorder: OutcomeRecorder
+    pool: SparePool
+    launches: LaunchSettingsCache
+    preparer: prepare.Preparer | None
+    spares: SpareSlot | None
+    pending_cleanup: list[runtime.RuntimeDir]
+
+    def defer(self, task: Callable[[], None]) -> None: ...
+
+    def run_after_start(self) -> None: ...
+
+    def ready_next(self, running: Ticket, launch: prepare.LaunchSettings) -> None: ...
+
+    def ready_exec_stub(self) -> None: ...
+
+
 T = TypeVar("T")
 
 
@@ -82,7 +116,7 @@ class _Start:
 class JobRun:
     """One job's run on this host: launch, supervise, measure (`run`), then settle."""
 
-    loop: RunLoop
+    loop: Loop
     ticket: Ticket
     #: The previous job's run, when this job was reserved: its outcome is stored with this
     #: job's start (one commit on the GPU's idle gap), or alone if this one never starts.
