@@ -13,7 +13,7 @@ met the goal on this noisy 2-core VM (docs/benchmarks.md has the ones that did n
 Each trial is one command job as a GPU host runs it: `command.schedule(repeats, warmup_runs,
 seed)` (warm-up runs, then blocks of one candidate run and two baseline runs, the second being
 the A/A pair's, in a seeded order), every run a real process through our launcher
-(`workers.command_runs.Arms`, `runner.run_job`, unconfined or under bubblewrap with
+(`workers.arms.Arms`, `runner.run_job`, unconfined or under bubblewrap with
 `--sandbox on`), then the control plane's judgement of the raw result under the spec the
 service writes (`jobs.command_spec` + the seed): median paired ratio candidate/baseline,
 bootstrap 95% CI, A/A noise floor (`app.cycles.judge.command`). Trial kinds, interleaved:
@@ -52,7 +52,7 @@ from app.jobs.service import command_spec
 from app.projects import command as command_kind
 from app.projects.config import Experiment, parse
 from app.settings import Settings
-from workers.command_runs import ArmPlace, Arms
+from workers.arms import ArmPlace, Arms
 from workers.evaluator import Evaluator
 
 EFFECT = 1.05

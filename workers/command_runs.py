@@ -50,7 +50,7 @@ from workers.arms import (
     write_arms,
     write_log,
 )
-from workers.evaluator import Evaluator, evaluator_dir
+from workers.evaluator import Evaluator
 from workers.launcher import confine, runner
 from workers.launcher.spare import SpareSlot
 from workers.launcher.venv import Venv
@@ -89,17 +89,6 @@ class Heartbeat(Protocol):
 
 class Preparer(Protocol):
     def kick(self) -> None: ...
-
-
-__all__ = [
-    "Arms",
-    "ArmPlace",
-    "RunFailed",
-    "SetupFailed",
-    "evaluator_dir",
-    "prepare_arms",
-    "run_command_job",
-]
 
 
 class SetupFailed(RuntimeError):

@@ -1,6 +1,7 @@
 """The GPU host's client of the control host's API: a job's whole log is handed in when the job
-ends (the control host never reads this host's disk), and the bounded tail the worker keeps in
-the ops DB while the job runs is cut here from the log file (`tail_text`)."""
+ends (the control host never reads this host's disk; the bounded tail the worker keeps in the
+ops DB while the job runs is `app.jobs.logs.tail_text`'s), and a branch's tip is asked of the
+forge before a fetch."""
 
 from __future__ import annotations
 
@@ -13,12 +14,8 @@ import httpx
 
 from app.client import problem_detail, without_token
 from app.git import ls_refs
-from app.jobs.logs import tail_text
-from app.jobs.paths import LOG_TAIL_BYTES
 from app.redaction import redact_text
 from app.settings import Settings
-
-__all__ = ["LOG_TAIL_BYTES", "LogUploadFailed", "branch_unmoved", "tail_text", "upload_log"]
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from app.projects import service as projects
 from app.redaction import redact_text
 from app.settings import Settings
 from workers import command_runs, control_client, gang_members
-from workers.launcher import confine, guard, runtime, venv, venv_progress
+from workers.evaluator import evaluator_dir
+from workers.launcher import confine, guard, runtime, venv, venv_build, venv_progress
 from workers.launcher.launch import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -234,7 +235,7 @@ def _prepare_locked(
     except (
         PreparationError,
         command_runs.SetupFailed,
-        venv.VenvError,
+        venv_build.VenvError,
         AutopilotError,
         OSError,
         tarfile.TarError,
@@ -252,7 +253,9 @@ def _prepare_locked(
     return _ready(stores, settings, job_id, host, tree, env, source.queue if ring else None)
 
 
-def _venv_progress(stores: Stores, settings: Settings, job_id: int, host: str) -> venv.Progress:
+def _venv_progress(
+    stores: Stores, settings: Settings, job_id: int, host: str
+) -> venv_build.Progress:
     """A venv build's progress, summarised: a line in the job's log on this host (the log its
     run appends to) and this host's preparation row (what the queue page shows)."""
 
@@ -368,7 +371,7 @@ def _evaluator(
     if not declared.evaluator:
         return None
     base = _Source(**{**source.__dict__, "head_sha": source.base_sha})
-    tree = export(settings, job_id, base, command_runs.evaluator_dir(settings, job_id))
+    tree = export(settings, job_id, base, evaluator_dir(settings, job_id))
     return (tree, baseline[1], source.base_sha), declared
 
 
@@ -425,7 +428,7 @@ def venv_for_job(
     settings: Settings,
     project: str,
     requirements: list[str],
-    progress: venv.Progress | None = None,
+    progress: venv_build.Progress | None = None,
 ) -> venv.Venv:
     return venv.ensure_venv(
         venvs_root(settings),

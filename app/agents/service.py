@@ -17,13 +17,10 @@ from typing import Any, Protocol
 
 from app import sandbox
 from app.agents import grid, informed, presets, workspace
-from app.agents.exceptions import AgentFailed, NothingToPropose
-from app.agents.grid import points as points  # the grid order, named here for callers
+from app.agents.exceptions import AgentFailed
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
 from app.projects.config import Experiment, ProjectConfig
-
-__all__ = ["AgentFailed", "NothingToPropose"]
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ import typer
 from app.cli.backend import choose
 from app.cli.common import echo_json, echo_table, exit_on_domain_error, fail, open_stores
 from app.errors import AutopilotError
-from app.memory import export as memory_export
 from app.memory import service
 from app.memory.exchange import MAX_IMPORT_BYTES
 from app.memory.schemas import ExportFormat, ImportFormat, ImportStatus, Kind
@@ -79,7 +78,7 @@ def export_cmd(
     stores = open_stores()
     try:
         with stores.memory_session() as session:
-            body = memory_export.export(session, format)
+            body = service.export(session, format)
     finally:
         stores.dispose()
     if out is None:

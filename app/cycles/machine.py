@@ -25,7 +25,8 @@ from app.cycles import lifecycle, notices, repository, service
 from app.cycles.exceptions import Transient
 from app.cycles.models import CycleStep
 from app.cycles.states import SETTLED
-from app.cycles.steps import BY_STATE, Step
+from app.cycles.steps import BY_STATE
+from app.cycles.steps.base import Step
 from app.db import Stores
 from app.errors import AutopilotError
 from app.redaction import redact_text

@@ -17,8 +17,8 @@ from app.api.deps import SettingsDep, StoresDep
 from app.cycles.campaigns import service as campaigns
 from app.cycles.campaigns.schemas import CampaignOut, CampaignState
 from app.dashboard import auth, live
+from app.dashboard.auth import PREFIX
 from app.dashboard.pages import (
-    PREFIX,
     MaybeViewer,
     clean_filter,
     error,

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from app.api.deps import StoresDep
-from app.dashboard.pages import PREFIX, MaybeViewer, clean_filter, from_exception, render, to_login
+from app.dashboard.auth import PREFIX
+from app.dashboard.pages import MaybeViewer, clean_filter, from_exception, render, to_login
 from app.errors import AutopilotError, InvalidInput
 from app.memory import service as memory
 from app.projects import service as ops

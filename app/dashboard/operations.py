@@ -10,7 +10,8 @@ from fastapi.responses import Response
 from app.api.deps import SettingsDep, StoresDep
 from app.cycles import states
 from app.dashboard import live, views
-from app.dashboard.pages import PREFIX, MaybeViewer, clean_filter, from_exception, render, to_login
+from app.dashboard.auth import PREFIX
+from app.dashboard.pages import MaybeViewer, clean_filter, from_exception, render, to_login
 from app.errors import NotFound
 
 router = APIRouter(include_in_schema=False)

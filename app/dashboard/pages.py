@@ -19,7 +19,6 @@ from app.errors import AutopilotError
 from app.memory.models import KINDS, STATUSES
 
 HERE = Path(__file__).parent
-PREFIX = auth.PREFIX
 PAGE_CSP = (
     "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
@@ -36,7 +35,7 @@ templates.filters["ratio"] = views.ratio_text
 templates.filters["accuracy"] = views.accuracy_text
 templates.filters["inline"] = evidence.render_inline
 templates.globals.update(
-    prefix=PREFIX,
+    prefix=auth.PREFIX,
     duration=views.duration,
     unverified=views.unverified,
     verdicts=views.VERDICTS,
@@ -74,7 +73,7 @@ def render(
     if topic is not None and viewer is not None:
         # The page subscribes to its topic's stream from the version read *before* its data,
         # so a change in between is reported, not lost.
-        context["live_url"] = f"{PREFIX}/live/{topic}"
+        context["live_url"] = f"{auth.PREFIX}/live/{topic}"
         context.setdefault("live_version", live.version(get_stores(request), topic))
     else:
         context.pop("live_version", None)
@@ -100,7 +99,7 @@ def from_exception(request: Request, viewer: auth.Viewer | None, exc: AutopilotE
 
 def to_login(request: Request) -> RedirectResponse:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    return RedirectResponse(f"{PREFIX}/login?{urlencode({'next': target})}", status_code=303)
+    return RedirectResponse(f"{auth.PREFIX}/login?{urlencode({'next': target})}", status_code=303)
 
 
 def clean_filter(value: str | None) -> str | None:

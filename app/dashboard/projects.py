@@ -20,7 +20,8 @@ from app.cycles import progress, states
 from app.cycles import service as cycles
 from app.cycles.progress import Point, Progress
 from app.dashboard import gpu_time, live
-from app.dashboard.pages import PREFIX, MaybeViewer, from_exception, render, to_login
+from app.dashboard.auth import PREFIX
+from app.dashboard.pages import MaybeViewer, from_exception, render, to_login
 from app.dashboard.views import BudgetRow
 from app.db import Stores
 from app.errors import AutopilotError

@@ -15,8 +15,8 @@ from app.api.deps import SettingsDep, StoresDep
 from app.cycles import review as cycle_review
 from app.cycles import states
 from app.dashboard import auth, evidence, live, views
+from app.dashboard.auth import PREFIX
 from app.dashboard.pages import (
-    PREFIX,
     MaybeViewer,
     clean_filter,
     error,

@@ -19,7 +19,8 @@ from fastapi.responses import RedirectResponse, Response
 from app.api import streams
 from app.api.deps import SettingsDep, StoresDep
 from app.dashboard import campaigns, findings, live, operations, projects, review, signin
-from app.dashboard.pages import HERE, PREFIX, MaybeViewer
+from app.dashboard.auth import PREFIX
+from app.dashboard.pages import HERE, MaybeViewer
 
 STATIC = {
     "dashboard.css": "text/css; charset=utf-8",

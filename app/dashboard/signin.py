@@ -9,7 +9,8 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.api.deps import StoresDep
 from app.dashboard import auth
-from app.dashboard.pages import PREFIX, MaybeViewer, error, render
+from app.dashboard.auth import PREFIX
+from app.dashboard.pages import MaybeViewer, error, render
 from app.errors import Unauthorized
 
 router = APIRouter(include_in_schema=False)

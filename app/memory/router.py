@@ -17,7 +17,6 @@ from app.api.deps import (
     TriggerToken,
 )
 from app.errors import Forbidden
-from app.memory import export as memory_export
 from app.memory import service
 from app.memory.exchange import MAX_IMPORT_BYTES
 from app.memory.schemas import (
@@ -149,7 +148,7 @@ def export_findings(
     def body() -> Iterator[bytes]:
         # Its own session: the request's ends when the route returns, before the body is sent.
         with stores.memory_session() as session:
-            for chunk in memory_export.export_chunks(session, format):
+            for chunk in service.export_chunks(session, format):
                 yield chunk.encode()
 
     # A store that is down is a 503 here, not an empty 200 once the stream has begun (the

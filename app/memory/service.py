@@ -15,7 +15,7 @@ import re
 import unicodedata
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -33,6 +33,7 @@ from app.memory.lifecycle import FINDING
 from app.memory.models import Finding, FindingEvent
 from app.memory.schemas import (
     EventOut,
+    ExportFormat,
     FindingCreate,
     FindingDetail,
     FindingOut,
@@ -43,6 +44,7 @@ from app.memory.schemas import (
     Kind,
     SearchPage,
     Status,
+    record_of,
 )
 
 MAX_PAGE = 100
@@ -471,3 +473,28 @@ def _imported_events(
             for e in record.events
         ]
     return [_event(finding_id, None, record.status, actor, f"imported ({fmt})")]
+
+
+def export(session: Session, format: ExportFormat = "jsonl") -> str:
+    """Every finding: JSON Lines (lossless, audit trail included) or Markdown (for people)."""
+    return "".join(export_chunks(session, format))
+
+
+EXPORT_BATCH = 500
+
+
+def export_chunks(session: Session, format: ExportFormat = "jsonl") -> Iterator[str]:
+    """`export`, a finding at a time: the store is read `EXPORT_BATCH` findings (and their
+    events) at a time, never whole, so an export of any size holds a batch in memory."""
+
+    def records() -> Iterator[FindingRecord]:
+        for batch in repository.findings_in_batches(session, EXPORT_BATCH):
+            events = repository.events_by_finding(session, [f.id for f in batch])
+            for finding in batch:
+                yield record_of(finding, events[finding.id])
+
+    if format == "markdown":
+        yield from exchange.markdown_chunks(records())
+        return
+    for record in records():
+        yield exchange.render_jsonl([record])

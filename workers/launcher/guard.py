@@ -22,7 +22,8 @@ from typing import Any
 
 from app import sandbox
 from workers.launcher import venv as venv_mod
-from workers.launcher.venv import COMPLETE_MARKER, VenvError, interpreter_path
+from workers.launcher.venv import COMPLETE_MARKER, interpreter_path
+from workers.launcher.venv_build import VenvError
 
 #: Per-job paths: they differ on every launch and do not change what imports from where.
 _VOLATILE = frozenset(

@@ -26,33 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from workers.launcher.venv_build import (
-    BUILD_ENV_ALLOWED,
     PARENT_VENV_PTH,
-    REQUIREMENTS_FILE,
     SOURCE_IGNORED,
     Progress,
     VenvError,
     build,
     build_env,
-    refuse_pip_options,
 )
-
-__all__ = [
-    "BUILD_ENV_ALLOWED",
-    "COMPLETE_MARKER",
-    "PARENT_VENV_PTH",
-    "REQUIREMENTS_FILE",
-    "Progress",
-    "Venv",
-    "VenvError",
-    "build_env",
-    "ensure_venv",
-    "inherited_site_dirs",
-    "interpreter_path",
-    "refuse_pip_options",
-    "requirements_hash",
-    "venv_dir",
-]
 
 COMPLETE_MARKER = ".autopilot-complete"
 _PROJECT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -28,15 +28,3 @@ def _by_state() -> dict[str, type[Step]]:
 
 
 BY_STATE = _by_state()
-
-__all__ = [
-    "BY_STATE",
-    "STEPS",
-    "Analyze",
-    "Commit",
-    "Plan",
-    "Prepare",
-    "Publish",
-    "Step",
-    "WaitForJob",
-]

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from app.agents import service as agents
 from app.agents import workspace
+from app.agents.exceptions import NothingToPropose
 from app.agents.llm import LLMAgent
 from app.agents.workspace import Workspace
 from app.clock import utcnow
@@ -301,7 +302,7 @@ class ByAgent(Proposer):
             self._keep_exchange(agent)  # why it failed, for the reviewer
             raise
         if found is None:
-            raise agents.NothingToPropose(
+            raise NothingToPropose(
                 "every point of the declared parameter space has a recorded verdict "
                 "or a live cycle; declare new points or state a changed hypothesis"
             )

@@ -16,7 +16,8 @@ from app.agents.service import parse_proposal
 from app.agents.workspace import Workspace
 from tests.integration.launcher.conftest import MakeJob, make_job  # noqa: F401 - fixture
 from workers.launcher.runner import run_job
-from workers.launcher.venv import PARENT_VENV_PTH, Venv, inherited_site_dirs
+from workers.launcher.venv import Venv, inherited_site_dirs
+from workers.launcher.venv_build import PARENT_VENV_PTH
 
 SECRET = "host-secret-7f3a"
 

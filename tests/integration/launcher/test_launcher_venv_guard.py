@@ -18,11 +18,11 @@ from workers.launcher.environment import build_child_env
 from workers.launcher.venv import (
     COMPLETE_MARKER,
     Venv,
-    VenvError,
     ensure_venv,
     interpreter_path,
     requirements_hash,
 )
+from workers.launcher.venv_build import VenvError
 
 
 def _job_env(venv: Path, tmp: Path, worktree: Path | None = None) -> dict[str, str]:

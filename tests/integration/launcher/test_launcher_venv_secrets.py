@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.launcher.venv import REQUIREMENTS_FILE, VenvError, ensure_venv, venv_dir
+from workers.launcher.venv import ensure_venv, venv_dir
+from workers.launcher.venv_build import REQUIREMENTS_FILE, VenvError
 
 CANARY = "canary-s3cret-5f1e77"
 

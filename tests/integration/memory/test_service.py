@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 import app.memory
 from app.db import Stores
 from app.errors import InvalidInput
-from app.memory import export as memory_export
 from app.memory import service
 from app.memory.exceptions import CannotSupersede, FindingExists, InvalidImport
 from app.memory.models import Finding, FindingEvent, MemoryBase
@@ -143,7 +142,7 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
             "reviewer",
             "re-measured",
         )
-        first = memory_export.export(session, "jsonl")
+        first = service.export(session, "jsonl")
     with stores.memory_session() as session:
         session.execute(delete(FindingEvent))
         session.execute(delete(Finding).where(Finding.supersedes.is_not(None)))
@@ -152,7 +151,7 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
         report = service.import_file(session, first.encode())
         assert (report.format, report.imported, report.duplicates) == ("jsonl", 12, 0)
     with stores.memory_session() as session:
-        assert memory_export.export(session, "jsonl") == first
+        assert service.export(session, "jsonl") == first
         again = service.import_file(session, first.encode())
         assert (again.imported, again.duplicates) == (0, 12)
     lines = [json.loads(line) for line in first.splitlines()]
@@ -164,7 +163,7 @@ def test_jsonl_round_trip_is_lossless(stores: Stores, sample_bytes: bytes) -> No
 def test_markdown_export_groups_and_imports_back(stores: Stores, sample_bytes: bytes) -> None:
     with stores.memory_session() as session:
         service.import_file(session, sample_bytes)
-        text = memory_export.export(session, "markdown")
+        text = service.export(session, "markdown")
     assert text.index("## Project: attention-kernel-lab") < text.index("## Project: quant-serving")
     assert text.index("## Project: quant-serving") < text.index("## General (no project)")
     assert text.count("### lesson") == 3

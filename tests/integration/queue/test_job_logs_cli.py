@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli.jobs import follow_job, job_app
+from app.cli.jobs import job_app
+from app.cli.local import follow_job
 from app.db import Stores
 from app.jobs import paths
 from app.jobs import service as jobs

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from app.agents import informed
-from app.agents.service import Context, SweepAgent, points
+from app.agents.grid import points
+from app.agents.service import Context, SweepAgent
 from app.projects.config import parse
 
 SPACE = {"n": [1, 2, 3, 4, 5, 6, 7, 8]}

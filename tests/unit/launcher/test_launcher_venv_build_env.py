@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.launcher.venv import BUILD_ENV_ALLOWED, VenvError, build_env, refuse_pip_options
+from workers.launcher.venv_build import BUILD_ENV_ALLOWED, VenvError, build_env, refuse_pip_options
 
 
 def test_only_the_allow_list_and_a_private_home_pass() -> None:
