@@ -28,11 +28,27 @@ KILL_DEADLINE_S = 5.0
 # Only what programs need to resolve names, verify TLS and load libraries: /etc as a whole
 # also holds the deploy env files with the service's secrets.
 _ETC = (
-    "ssl", "ca-certificates", "ca-certificates.conf", "pki", "resolv.conf", "hosts",
-    "host.conf", "nsswitch.conf", "gai.conf", "protocols", "services", "passwd", "group",
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "passwd",
+    "group",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "alternatives",
     "mime.types",
-)  # fmt: skip
+)
 _ROOT = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _READ_PLAIN = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC

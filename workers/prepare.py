@@ -157,9 +157,13 @@ def want_ready(
         first = jobs.first_waiting(session, queue, host)
         if first is None or first.gpus <= 1:
             to_gang = gangs.ready_for_window(
-                session, queue=queue, window=window, host=host, asking=idle or None,
+                session,
+                queue=queue,
+                window=window,
+                host=host,
+                asking=idle or None,
                 alive=gang_members.alive if idle else None,
-            )  # fmt: skip
+            )
             return max(1 if ahead is None else ahead, to_gang)
         if ahead is not None:
             return ahead + 1

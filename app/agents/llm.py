@@ -130,8 +130,9 @@ class LLMAgent:
                 except Refused as exc:
                     last_error = self._redact(str(exc))
                     self.exchange[-1]["error"] = last_error
-                    log.info("llm agent %s: attempt %d refused: %s", self.run_name, attempt,
-                             last_error)  # fmt: skip
+                    log.info(
+                        "llm agent %s: attempt %d refused: %s", self.run_name, attempt, last_error
+                    )
                     messages = [
                         *messages,
                         {"role": "assistant", "content": answer.content or ""},

@@ -186,8 +186,9 @@ def _experiment(name: str, config: ProjectConfig) -> str:
         f"- defaults (the baseline): {_json(exp.defaults)}",
     ]
     if exp.check_pattern:
-        lines.append(f"- accuracy check: {exp.check_direction} is better, tolerance "
-                     f"{exp.check_tolerance:g}")  # fmt: skip
+        lines.append(
+            f"- accuracy check: {exp.check_direction} is better, tolerance {exp.check_tolerance:g}"
+        )
     return "\n".join(lines)
 
 

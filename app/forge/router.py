@@ -49,11 +49,15 @@ SCOPE = "worker"
 # The CGI runs with these only (plus its own variables): git is found, nothing else inherited.
 CGI_PATH = "/usr/local/bin:/usr/bin:/bin"
 GIT_SAFETY = (
-    "-c", "core.hooksPath=/dev/null",
-    "-c", "core.fsmonitor=false",
-    "-c", "http.receivepack=false",
-    "-c", "http.getanyfile=false",
-)  # fmt: skip
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "http.receivepack=false",
+    "-c",
+    "http.getanyfile=false",
+)
 # The Git-Protocol header (`version=2`) is handed to the CGI; only its plain form.
 _GIT_PROTOCOL = re.compile(r"^[A-Za-z0-9=:._-]{1,64}$")
 MAX_CGI_HEAD = 64 * 1024

@@ -440,9 +440,14 @@ class CommandArms:
                 return job.failure(End.LEASE_LOST, str(exc))
         loop = job.loop
         outcome = command_runs.run_command_job(
-            loop.stores, loop.settings, loop.me, job.ticket, job.heartbeat(),
-            preparer=loop.preparer, spares=loop.spares,
-        )  # fmt: skip
+            loop.stores,
+            loop.settings,
+            loop.me,
+            job.ticket,
+            job.heartbeat(),
+            preparer=loop.preparer,
+            spares=loop.spares,
+        )
         outcome.log_tail = logs.tail_text(job.log_path, paths.LOG_TAIL_BYTES)
         return outcome
 

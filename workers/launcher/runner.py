@@ -210,9 +210,17 @@ def run_job(
     try:
         proc = staged.go()
         outcome = _supervise(
-            job, proc, staged.started, staged.listener, lim, on_event, on_spawn, staged.cgroup,
-            on_exit, on_tick,
-        )  # fmt: skip
+            job,
+            proc,
+            staged.started,
+            staged.listener,
+            lim,
+            on_event,
+            on_spawn,
+            staged.cgroup,
+            on_exit,
+            on_tick,
+        )
         outcome.launch, outcome.spare_missed = staged.launch, staged.missed
         outcome.cgroup = staged.cgroup.path.name if staged.cgroup is not None else None
         return outcome
