@@ -71,7 +71,7 @@ DURATION_BUCKETS_S: tuple[float, ...] = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600,
 @dataclass
 class QueueFigures:
     queue: str
-    queued: int
+    queued: int  # waiting for a GPU: queued, or reserved by a busy worker (not started)
     running: int  # leased or running: holding a GPU
     oldest_age_s: float | None
     idle_gap_median_s: float | None
@@ -136,7 +136,7 @@ def take_snapshot(session: Session, settings: Settings) -> Snapshot:
         queues.append(
             QueueFigures(
                 queue=entry["queue"],
-                queued=int(entry["queued"]),
+                queued=int(entry["queued"]) + int(entry["reserved"]),
                 running=int(entry["leased"]) + int(entry["running"]),
                 oldest_age_s=max(0.0, (now - oldest).total_seconds()) if oldest else None,
                 idle_gap_median_s=entry["idle_gap_median_s"],

@@ -146,6 +146,8 @@ def _note(row: dict[str, Any]) -> str:
     note: str = row["error"] or row["wait_reason"] or ""
     if row["state"] == "queued" and not note:
         note = "waiting for a GPU" if row["prepared_at"] else "preparing"
+    elif row["state"] == "reserved" and not note:
+        note = "next on a busy worker's GPU"
     return note
 
 

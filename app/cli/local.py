@@ -199,6 +199,8 @@ def phase(job: Any) -> str:
         if job.wait_reason:
             return f"queued: waiting ({job.wait_reason})"
         return "queued: prepared, waiting for a GPU"
+    if job.state == "reserved":
+        return "reserved: next on a busy worker's GPU, once its current job ends"
     if job.state in ("leased", "running"):
         return f"{job.state} on {job.worker} (attempt {job.attempts})"
     if job.state == "succeeded":

@@ -302,7 +302,7 @@ class QueuePage:
 def gpu_queue(settings: Settings, stores: Stores) -> QueuePage:
     with stores.ops_session() as session:
         waiting: dict[str, list[Job]] = {}
-        for state in ("running", "leased", "queued"):
+        for state in ("running", "leased", "reserved", "queued"):
             for job in jobs.list_jobs(session, state=state, limit=100):
                 waiting.setdefault(job.queue, []).append(job)
         for queue_jobs in waiting.values():

@@ -11,30 +11,21 @@ from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
 from app.jobs import repository as repo
+from app.jobs.lifecycle import ACTIVE, WAITING
 from app.jobs.models import Job
 from app.settings import Settings
 
 
 def queues(session: Session, settings: Settings) -> list[dict[str, Any]]:
-    """Depth and oldest waiting job per queue, plus the recent idle gap and duty cycle."""
-    summary: dict[str, dict[str, Any]] = {
-        f"gpu.{k}": {
-            "queue": f"gpu.{k}",
-            "queued": 0,
-            "leased": 0,
-            "running": 0,
-            "oldest_queued_at": None,
-        }
-        for k in settings.gpu_kinds
-    }
+    """Jobs per state and the oldest waiting job (queued or reserved: neither has started)
+    per queue, plus the recent idle gap and duty cycle."""
+    summary = {f"gpu.{k}": _queue_entry(f"gpu.{k}") for k in settings.gpu_kinds}
     for queue, state, count, oldest in repo.queue_summary(session):
-        entry = summary.setdefault(
-            queue,
-            {"queue": queue, "queued": 0, "leased": 0, "running": 0, "oldest_queued_at": None},
-        )
+        entry = summary.setdefault(queue, _queue_entry(queue))
         entry[state] = count
-        if state == "queued":
-            entry["oldest_queued_at"] = aware(oldest)
+        if state in WAITING:
+            first, at = entry["oldest_queued_at"], aware(oldest)
+            entry["oldest_queued_at"] = at if first is None or (at and at < first) else first
     since = utcnow() - timedelta(hours=1)
     for queue, entry in summary.items():
         jobs = repo.recent_finished(session, queue, since)
@@ -42,6 +33,14 @@ def queues(session: Session, settings: Settings) -> list[dict[str, Any]]:
         entry["idle_gap_median_s"] = gaps[len(gaps) // 2] if gaps else None
         entry["duty_cycle"] = duty_cycle(jobs)
     return list(summary.values())
+
+
+def _queue_entry(queue: str) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        **{str(state): 0 for state in (*WAITING, *ACTIVE)},
+        "oldest_queued_at": None,
+    }
 
 
 def duty_cycle(jobs: Sequence[Job]) -> float | None:

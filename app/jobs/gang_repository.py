@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from app.jobs.lifecycle import JobState
+from app.jobs.lifecycle import WAITING
 from app.jobs.models import GangSeat, Job, Lease, Worker
 
 
@@ -32,7 +32,7 @@ def gpus_in_line(session: Session, queue: str, limit: int) -> Sequence[int]:
     reserved or not)."""
     return session.scalars(
         select(Job.gpus)
-        .where(Job.queue == queue, Job.state == JobState.QUEUED, Job.cancel_requested_at.is_(None))
+        .where(Job.queue == queue, Job.state.in_(WAITING), Job.cancel_requested_at.is_(None))
         .order_by(Job.order_key, Job.id)
         .limit(limit)
     ).all()

@@ -68,7 +68,7 @@ def _busy(session: Session, host: str) -> dict[str, datetime | None]:
     now = utcnow()
     busy: dict[str, datetime | None] = {}
     for worker, job, seated in gang_repo.holders_on(session, host):
-        # A reservation (a queued job's lease, never a seat) frees its worker only after its
+        # A reservation (a reserved job's lease, never a seat) frees its worker only after its
         # current job and itself: unknown here.
         end = _expected_end(job, now) if seated or job.state in ACTIVE else None
         previous = busy.get(worker, now)

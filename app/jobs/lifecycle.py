@@ -3,17 +3,23 @@ exists, and the one function through which every state change goes; and a host's
 a job (`PREPARATION`). Both are tables of the one primitive, `app/statemachine.py`.
 
     queued ──claim──► leased ──start──► running ──end──► succeeded | failed | cancelled
-      │ │ ▲               │                ▲ │
-      │ │ └───requeue─────┴────────────────┼─┘   (its lease lapsed: the reaper gives it back)
-      │ └───────────hand-over──────────────┘     (a reserved job: app/jobs/reservations.py)
-      └──────────────► failed | cancelled        (never started: refused, or cancelled waiting)
+    queued ◄─requeue── leased, running        (its lease lapsed: the reaper gives it back)
+    queued ──reserve─► reserved ──hand-over─► running  (a busy worker runs it next)
+                       reserved ──takeover──► leased   (an idle worker of its host took it)
+    queued ◄─give back─ reserved              (released, or lapsed: it never ran)
+    queued, reserved ──► failed | cancelled   (never started: refused, or cancelled waiting)
 
 Callers say what happened; this module decides the state. A GPU worker reports an `Outcome`
 (what ended the run: it completed, failed, timed out, was cancelled, could not start, lost its
 lease); `state_after` turns it into the job's final state. Every move is in `MOVES`, with who
 makes it and why; `move` makes one (refusing with `IllegalMove`, naming the job and both states,
 one the table does not hold), and `guarded` gives the repository the two that race as
-conditional UPDATEs (a claim, a reserved job's hand-over).
+conditional UPDATEs (a claim, which may take a reserved job over; a reserved job's hand-over).
+
+A *reserved* job is one a busy worker runs next on its GPU (app/jobs/reservations.py): it keeps
+its place in line and has not started. Its state is written with its reservation, in the one
+UPDATE that records where it will run, so the hand-over at the reserver's job's end writes no
+more than before: its conditional UPDATE expects `reserved` where it expected `queued`.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ if TYPE_CHECKING:
 
 
 class JobState(StrEnum):
-    QUEUED = "queued"  # waiting for a GPU (a reserved job, too: see app/jobs/reservations.py)
+    QUEUED = "queued"  # waiting for a GPU
+    RESERVED = "reserved"  # a busy worker runs it next on its GPU (app/jobs/reservations.py)
     LEASED = "leased"  # a worker holds its lease and is starting it
     RUNNING = "running"  # its process runs on the worker's GPU
     SUCCEEDED = "succeeded"
@@ -41,29 +48,51 @@ class JobState(StrEnum):
 
 #: Every state, in the order a job moves through them.
 JOB_STATES: tuple[JobState, ...] = tuple(JobState)
+#: Not started yet, in its place in line: waiting for a GPU, or reserved by a busy worker.
+WAITING: tuple[JobState, ...] = (JobState.QUEUED, JobState.RESERVED)
 #: Holding a GPU.
 ACTIVE: tuple[JobState, ...] = (JobState.LEASED, JobState.RUNNING)
 #: Nothing more will happen to it.
 FINISHED: tuple[JobState, ...] = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 #: The states as a type, for the API's filter: another value is a 422, not an empty list.
-StateName = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
+StateName = Literal["queued", "reserved", "leased", "running", "succeeded", "failed", "cancelled"]
 assert get_args(StateName) == JOB_STATES
 
 
-_Q, _L, _R = JobState.QUEUED, JobState.LEASED, JobState.RUNNING
+_Q, _V, _L, _R = JobState.QUEUED, JobState.RESERVED, JobState.LEASED, JobState.RUNNING
 _S, _F, _C = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED
 
 #: Every move a job may make, in the order of its life. Nothing leaves a finished state.
 MOVES: tuple[Move, ...] = (
     Move((_Q,), (_L,), "repository.claim", "a worker claimed it under the leasing lock"),
-    Move((_Q,), (_R,), "repository.promote", "its worker handed the job it reserved over"),
+    Move(
+        (_Q,),
+        (_V,),
+        "reservations.reserve_next",
+        "a busy worker reserved it, under the leasing lock, to run next on its GPU",
+    ),
+    Move(
+        (_V,),
+        (_L,),
+        "repository.claim",
+        "an idle worker of its host took it over before its reserver started it",
+    ),
+    Move((_V,), (_R,), "repository.promote", "its worker handed the job it reserved over"),
+    Move(
+        (_V,),
+        (_Q,),
+        "reservations.release, reaping.reap",
+        "its reserver gave it back (draining, past its deadline, unrenewed), or the "
+        "reservation lapsed: it never ran, and waits in its place again",
+    ),
     Move(
         (_Q,),
         (_F,),
-        "service.fail_unstarted, service.finish",
-        "refused before it started: no host could prepare it, or its reserved run never began",
+        "service.fail_unstarted",
+        "refused before it started: no host could prepare it",
     ),
-    Move((_Q,), (_C,), "service.cancel", "cancelled while it waited"),
+    Move((_V,), (_F,), "service.finish", "its reserved run never began (a failed start)"),
+    Move((_Q, _V), (_C,), "service.cancel", "cancelled while it waited"),
     Move((_L,), (_R,), "service.mark_running", "its process started"),
     Move(
         (_L, _R),

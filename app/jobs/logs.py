@@ -26,7 +26,7 @@ from app.db import Stores
 from app.errors import AutopilotError, Conflict
 from app.jobs import paths
 from app.jobs import service as jobs
-from app.jobs.lifecycle import FINISHED
+from app.jobs.lifecycle import FINISHED, WAITING
 from app.jobs.models import Job
 from app.settings import Settings
 
@@ -206,9 +206,9 @@ class LogFollower:
 def _check_upload(stores: Stores, job_id: int) -> None:
     with stores.ops_session() as session:
         job = jobs.get(session, job_id)
-        if job.state == "queued":
+        if job.state in WAITING:
             raise JobNotStarted(
-                f"job {job_id} is queued: it has no log until a GPU worker leases it"
+                f"job {job_id} is {job.state}: it has no log until a GPU worker starts it"
             )
 
 

@@ -15,13 +15,14 @@ from sqlalchemy.orm import Session
 from app.clock import aware, utcnow
 from app.jobs import repository as repo
 from app.jobs import service as jobs
-from app.jobs.lifecycle import PREPARATION, JobState
+from app.jobs.lifecycle import PREPARATION, WAITING, JobState
 from app.jobs.models import Job, JobPreparation
 from app.settings import Settings
 
 
 def needs_preparation(session: Session, queue: str, host: str, limit: int) -> Sequence[int]:
-    """Queued jobs of `queue` this host has not prepared or tried yet, oldest first."""
+    """Waiting jobs of `queue` (reserved ones too) this host has not prepared or tried yet,
+    oldest first."""
     return repo.unprepared_on(session, queue, host, limit)
 
 
@@ -43,7 +44,7 @@ def claim_preparation(
     is taken over when the caller knows its preparer is gone (`preparer_gone`: it holds the
     host's lock for the job, which a live preparer would hold), or after `stale_after_s`."""
     job = repo.get(session, job_id)
-    if job is None or job.state != JobState.QUEUED or job.cancel_requested_at is not None:
+    if job is None or job.state not in WAITING or job.cancel_requested_at is not None:
         return None
     now = utcnow()
     row = repo.preparation(session, job_id, host)
@@ -90,7 +91,7 @@ def preparation_ready(
         finished_at=utcnow(),
     )
     job = repo.get(session, job_id)
-    if job is None or job.state != JobState.QUEUED:
+    if job is None or job.state not in WAITING:
         session.flush()
         return False
     if job.prepared_at is None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from app.clock import aware, utcnow
-from app.jobs import gangs, lifecycle
+from app.jobs import gangs, lifecycle, reservations
 from app.jobs import repository as repo
 from app.jobs.lifecycle import FINISHED, JobState
 from app.jobs.models import Job, Lease
@@ -96,8 +96,8 @@ def reap(session: Session, settings: Settings) -> Reaped:
     reaped = Reaped()
     for lease in repo.expired_leases(session, now):
         job = get(session, lease.job_id)
-        if job.state == JobState.QUEUED:  # a reservation (reservations.py): the job never ran
-            repo.delete(session, lease)
+        if job.state == JobState.RESERVED:  # its reserver's lapsed: the job never ran
+            reservations.give_back(session, job, lease)
             reaped.requeued.append(job.id)
             continue
         given = give_back(

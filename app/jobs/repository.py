@@ -10,12 +10,13 @@ from sqlalchemy import ColumnElement, Select, and_, case, func, select, update
 from sqlalchemy.orm import Session
 
 from app.jobs import lifecycle
-from app.jobs.lifecycle import ACTIVE, FINISHED, JobState
+from app.jobs.lifecycle import ACTIVE, FINISHED, WAITING, JobState
 from app.jobs.models import GangSeat, Job, JobPreparation, Lease, QueueLock, Worker
 
 #: The two moves that race other writers, as conditional UPDATEs (the lifecycle checks them).
-_CLAIM = lifecycle.guarded(JobState.QUEUED, JobState.LEASED)
-_PROMOTE = lifecycle.guarded(JobState.QUEUED, JobState.RUNNING)
+#: A claim takes a waiting job, or takes a reserved one over (`service.lease_next`).
+_CLAIM = lifecycle.guarded((JobState.QUEUED, JobState.RESERVED), JobState.LEASED)
+_PROMOTE = lifecycle.guarded(JobState.RESERVED, JobState.RUNNING)
 
 
 def get(session: Session, job_id: int) -> Job | None:
@@ -44,18 +45,14 @@ def lock_leasing(session: Session) -> None:
 
 
 def _waiting(queue: str, reserved_too: bool = False) -> list[ColumnElement[bool]]:
-    waiting = [
+    """Prepared jobs of `queue` waiting for a GPU; `reserved_too`: with those that busy workers
+    reserved (reservations.py)."""
+    return [
         Job.queue == queue,
-        Job.state == JobState.QUEUED,
+        Job.state.in_(WAITING) if reserved_too else Job.state == JobState.QUEUED,
         Job.prepared_at.is_not(None),
         Job.cancel_requested_at.is_(None),
     ]
-    return waiting if reserved_too else [*waiting, ~_reserved()]
-
-
-def _reserved() -> ColumnElement[bool]:
-    """A queued job with a lease is reserved by a worker for its next run (reservations.py)."""
-    return select(Lease.id).where(Lease.job_id == Job.id).exists()
 
 
 def _ready_on(host: str, before: datetime | None = None) -> ColumnElement[bool]:
@@ -128,8 +125,9 @@ def preparations_in_progress(session: Session, job_ids: Sequence[int]) -> Sequen
 
 
 def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequence[int]:
-    """Queued jobs of `queue` that `host` has neither prepared nor failed, oldest first (one
-    being prepared there is included: its preparer may have died, and the host's lock tells)."""
+    """Waiting jobs of `queue` (reserved ones too) that `host` has neither prepared nor failed,
+    oldest first (one being prepared there is included: its preparer may have died, and the
+    host's lock tells)."""
     tried = (
         select(JobPreparation.id)
         .where(
@@ -143,7 +141,7 @@ def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequen
         select(Job.id)
         .where(
             Job.queue == queue,
-            Job.state == JobState.QUEUED,
+            Job.state.in_(WAITING),
             Job.cancel_requested_at.is_(None),
             ~tried,
         )
@@ -153,7 +151,7 @@ def unprepared_on(session: Session, queue: str, host: str, limit: int) -> Sequen
 
 
 def ready_count_on(session: Session, queue: str, host: str) -> int:
-    """Queued jobs of `queue` prepared on `host` and not leased yet."""
+    """Queued jobs of `queue` prepared on `host` (not leased, nor reserved)."""
     return int(
         session.scalar(
             select(func.count()).select_from(Job).where(*_waiting(queue), _ready_on(host))
@@ -234,7 +232,7 @@ def active_count(
     count once. `besides_worker` leaves that worker out (it asks for its own next job)."""
     active = select(Job.worker).where(Job.state.in_(ACTIVE))
     reserving = (
-        select(Lease.worker).join(Job, Job.id == Lease.job_id).where(Job.state == JobState.QUEUED)
+        select(Lease.worker).join(Job, Job.id == Lease.job_id).where(Job.state == JobState.RESERVED)
     )
     if project_id is not None:
         active = active.where(Job.project_id == project_id)
@@ -252,8 +250,9 @@ def active_count(
 
 
 def promote(session: Session, job_id: int, worker: str, now: datetime) -> bool:
-    """The conditional update that starts a reserved job: only if it is still queued and no
-    one asked to cancel it (a cancelled reservation is the worker's to drop)."""
+    """The conditional update that starts a reserved job: only if it is still reserved (not
+    given back, taken over or cancelled) and no one asked to cancel it (a cancelled
+    reservation is the worker's to drop)."""
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.state.in_(_PROMOTE.frm), Job.cancel_requested_at.is_(None))
@@ -307,9 +306,8 @@ def waiting_without_doorbell(session: Session, older_than: datetime) -> Sequence
     return session.scalars(
         select(Job)
         .where(
-            Job.state == JobState.QUEUED,
+            Job.state == JobState.QUEUED,  # not a reserved one: its worker runs it next
             func.coalesce(Job.prepared_at, Job.submitted_at) < older_than,
-            ~_reserved(),  # its worker runs it next
         )
         .order_by(Job.order_key, Job.id)
         .limit(500)
@@ -355,7 +353,7 @@ def _jobs_where(
 def queue_summary(session: Session) -> list[tuple[str, str, int, datetime | None]]:
     rows = session.execute(
         select(Job.queue, Job.state, func.count(), func.min(Job.submitted_at))
-        .where(Job.state.in_((JobState.QUEUED, *ACTIVE)))
+        .where(Job.state.in_((*WAITING, *ACTIVE)))
         .group_by(Job.queue, Job.state)
     ).all()
     return [(q, s, int(n), oldest) for q, s, n, oldest in rows]

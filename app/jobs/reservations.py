@@ -1,16 +1,17 @@
 """Reservations: the job a GPU worker runs next, leased while its current job runs.
 
-A worker reserves its next job at its current job's first line: a lease row on a job that
-stays `queued` (it keeps its place in the submission order, is not yet running, and an idle
-worker of the same host may still take it over: `service.lease_next`). When the current job
-ends, the worker hands the reserved job to its parked interpreter at once, unless the host's
-claim on it (`workers/gpu/claims.py`) says an idle worker took it, and only then records, in one
-transaction, the finished job's outcome and the reserved job's start (`start_reserved`): no DB
-round trip on the GPU's idle gap.
+A worker reserves its next job at its current job's first line: the job moves to `reserved`
+and gets a lease row, in one transaction (it keeps its place in the submission order, is not
+yet running, and an idle worker of the same host may still take it over: `service.lease_next`).
+When the current job ends, the worker hands the reserved job to its parked interpreter at once,
+unless the host's claim on it (`workers/gpu/claims.py`) says an idle worker took it, and only
+then records, in one transaction, the finished job's outcome and the reserved job's start
+(`start_reserved`): no DB round trip on the GPU's idle gap.
 
 A reservation is a lease: its worker renews it with its running job's heartbeat, and the reaper
-returns a lapsed one to the queue (attempts unchanged: it never ran). One the worker cannot use
-is released (`release`), and one cancelled while reserved is dropped at the next renewal.
+returns a lapsed one to the queue (`queued` again, attempts unchanged: it never ran). One the
+worker cannot use is released (`release`: `queued` again), and one cancelled while reserved is
+dropped at the next renewal.
 Budgets count a worker once, whether it holds a running job, a reservation or both
 (`repository.active_count`).
 """
@@ -24,12 +25,12 @@ from sqlalchemy.orm import Session
 
 from app.clock import utcnow
 from app.jobs import gang_repository as gang_repo
-from app.jobs import gangs
+from app.jobs import gangs, lifecycle
 from app.jobs import repository as repo
 from app.jobs import service as jobs
 from app.jobs.choosing import choose_next
 from app.jobs.lifecycle import JobState
-from app.jobs.models import Job
+from app.jobs.models import Job, Lease
 from app.settings import Settings
 
 
@@ -81,6 +82,9 @@ def reserve_next(
     if job is None:
         session.flush()
         return None
+    # Its state goes in the UPDATE that records where it runs (`add_lease`): one write. Under the
+    # leasing lock (and, on PostgreSQL, `leasable`'s row lock) no one else moves it meanwhile.
+    lifecycle.move(job, JobState.RESERVED, wait_reason=None)
     jobs.add_lease(session, settings, job, worker=worker, host=host, device=device)
     return job
 
@@ -113,7 +117,7 @@ def renew(session: Session, settings: Settings, job_id: int, worker: str) -> boo
     if lease is None or lease.worker != worker:
         return False
     job = jobs.get(session, job_id)
-    if job.state != JobState.QUEUED or job.cancel_requested_at is not None:
+    if job.state != JobState.RESERVED or job.cancel_requested_at is not None:
         repo.delete(session, lease)
         session.flush()
         return False
@@ -129,6 +133,13 @@ def release(session: Session, job_id: int, worker: str) -> None:
     lease = repo.lease_of(session, job_id)
     if lease is not None and lease.worker == worker:
         job = repo.get(session, job_id)
-        if job is not None and job.state == JobState.QUEUED:
-            repo.delete(session, lease)
+        if job is not None and job.state == JobState.RESERVED:
+            give_back(session, job, lease)
             session.flush()
+
+
+def give_back(session: Session, job: Job, lease: Lease) -> None:
+    """The reserved job waits in its place in line again (released, or its reservation lapsed:
+    it never ran, so its attempts stand); its lease goes."""
+    repo.delete(session, lease)
+    lifecycle.move(job, JobState.QUEUED)

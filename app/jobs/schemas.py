@@ -77,6 +77,7 @@ class WorkerOut(BaseModel):
 class QueueOut(BaseModel):
     queue: str
     queued: int
+    reserved: int  # waiting too, to run next on a busy worker's GPU
     leased: int
     running: int
     oldest_queued_at: UtcDatetime | None

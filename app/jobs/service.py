@@ -22,7 +22,7 @@ from app.errors import AutopilotError, Conflict, InvalidInput, NotFound
 from app.jobs import gangs, lifecycle
 from app.jobs import repository as repo
 from app.jobs.choosing import choose_next
-from app.jobs.lifecycle import FINISHED, JobState
+from app.jobs.lifecycle import FINISHED, WAITING, JobState
 from app.jobs.models import Job, Lease, Worker
 from app.projects.config import Experiment, ProjectConfig
 from app.projects.models import Project
@@ -250,13 +250,16 @@ def lease_next(
         job = choose_next(
             session, settings, queue=queue, host=host, room=room, reserved_too=True, skip=passed
         )
-        reservation = repo.lease_of(session, job.id) if job is not None else None
-        if job is None or reservation is None:
+        if job is None or job.state != JobState.RESERVED:
+            reservation = None
+            break
+        reservation = repo.lease_of(session, job.id)
+        if reservation is None:
             break
         if reservation.host == host and may_take is not None and may_take(job, reservation):
             break
         passed.add(job.id)  # its reserver's, or about to start there
-    # Claimed under the lock, and only while still queued.
+    # Claimed under the lock, and only while still queued (or reserved: taken over).
     if job is None or not repo.claim(session, job.id, worker, now):
         session.flush()
         return None
@@ -386,13 +389,15 @@ def finish(session: Session, job_id: int, worker: str, outcome: JobOutcome) -> J
 
 
 def cancel(session: Session, job_id: int, by: str) -> Job:
-    """A queued job is cancelled at once; a running one is told through the DB (heartbeat)."""
+    """A waiting job (queued or reserved) is cancelled at once; a running one is told through
+    the DB (heartbeat). A reservation cancelled so is its worker's to drop (it renews it no
+    more, and its start is refused)."""
     job = get(session, job_id)
     if job.state in FINISHED:
         raise JobFinished(f"job {job_id} already {job.state}; nothing to cancel")
     now = utcnow()
     job.cancel_requested_at, job.cancelled_by = job.cancel_requested_at or now, by
-    if job.state == JobState.QUEUED:
+    if job.state in WAITING:
         lifecycle.move(job, JobState.CANCELLED, finished_at=now)
     session.flush()
     return job

@@ -11,18 +11,25 @@ one state, which says what the worker does about that job and who starts it.
                       → lost          its start was refused (cancelled, or it lapsed)
                       → not_started   its run ended before its start (a failed start)
 
-*reserved*: the job's lease row is this worker's (`app/jobs/reservations.py`); the job stays
-`queued`, in its place, and the running job's heartbeat renews the reservation (`renew`, the one
-call made from another thread: it only notes a renewal or its failure). *staged*: its start is
-made ready on the interpreter parked for it (`launcher/staging.py`), so that the current job's
-exit starts it with one pipe write (`go`). *handed*: this worker starts it: the host's claim file
-says so (`claims.py`, which decides a takeover by an idle worker of the host), and the job is
-handed to its run (`run.py`), which records its start in the ops DB: *started*, or *lost* (the
-start was refused: cancelled, or the reservation lapsed), or *not_started* (its run ended before
-its start: a failed start, whose outcome settles it). A reservation that does not reach its run
-ends *given_back* (the worker drains, the job no longer fits its deadline, or it was not renewed
-for about a lease's time: it may have lapsed), *taken_over* (an idle worker of the host claimed
-it first) or *lost* (its renewal failed).
+*reserved*: the job's lease row is this worker's and the job is `reserved` in the ops DB
+(`app/jobs/reservations.py`), in its place in line; the running job's heartbeat renews the
+reservation (`renew`, the one call made from another thread: it only notes a renewal or its
+failure). *staged*: its start is made ready on the interpreter parked for it
+(`launcher/staging.py`), so that the current job's exit starts it with one pipe write (`go`).
+*handed*: this worker starts it: the host's claim file says so (`claims.py`, which decides a
+takeover by an idle worker of the host), and the job is handed to its run (`run.py`), which
+records its start in the ops DB: *started*, or *lost* (the start was refused: cancelled, or the
+reservation lapsed), or *not_started* (its run ended before its start: a failed start, whose
+outcome settles it). A reservation that does not reach its run ends *given_back* (the worker
+drains, the job no longer fits its deadline, or it was not renewed for about a lease's time: it
+may have lapsed), *taken_over* (an idle worker of the host claimed it first) or *lost* (its
+renewal failed).
+
+The moves are a table of the one state-machine primitive (`RESERVATION`, app/statemachine.py),
+as every lifecycle's are, though this one lives in a worker's memory, not in a row. A move the
+table does not hold raises `IllegalMove`, as in every lifecycle: here only a bug of the loop's
+can make one, nothing on the host catches it apart from any other error, and its HTTP status
+(409) never reaches a client.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from app.db import Stores
 from app.jobs import reservations
 from app.jobs.models import Job, Lease
 from app.settings import Settings
+from app.statemachine import Lifecycle, Move
 from workers import gang_members, prepare
 from workers.gpu.claims import Claims
 from workers.gpu.spares import SparePool
@@ -74,14 +82,62 @@ ENDS = frozenset(
         State.LOST,
     }
 )
-MOVES: dict[State, frozenset[State]] = {
-    **{end: frozenset({State.RESERVED}) for end in ENDS},
-    State.RESERVED: frozenset(
-        {State.STAGED, State.HANDED, State.GIVEN_BACK, State.TAKEN_OVER, State.LOST}
+
+_WAITING = (State.RESERVED, State.STAGED)
+_ENDS = tuple(s for s in State if s in ENDS)
+
+RESERVATION = Lifecycle(
+    "job reservation",
+    State,
+    (
+        Move(
+            _ENDS,
+            (State.RESERVED,),
+            "Reservation.reserve",
+            "the running job's first line: the job to run after it is leased to this worker",
+        ),
+        Move(
+            (State.RESERVED,),
+            (State.STAGED,),
+            "Reservation.stage",
+            "its start is made ready on the interpreter parked for it",
+        ),
+        Move(
+            _WAITING,
+            (State.HANDED,),
+            "Reservation.go, Reservation.take",
+            "its turn came and the host's claim is this worker's: its run starts it",
+        ),
+        Move(
+            _WAITING,
+            (State.GIVEN_BACK,),
+            "Reservation.go, Reservation.take, Reservation.release",
+            "at its turn the worker drains, it is past the deadline, or it went unrenewed for "
+            "about a lease; or the loop ends",
+        ),
+        Move(
+            _WAITING,
+            (State.TAKEN_OVER,),
+            "Reservation.go, Reservation.take",
+            "an idle worker of the host claimed it first",
+        ),
+        Move(_WAITING, (State.LOST,), "Reservation.go, Reservation.take", "its renewal failed"),
+        Move((State.HANDED,), (State.STARTED,), "Reservation.closed", "its run recorded its start"),
+        Move(
+            (State.HANDED,),
+            (State.LOST,),
+            "Reservation.closed",
+            "its start was refused: cancelled, or the reservation lapsed",
+        ),
+        Move(
+            (State.HANDED,),
+            (State.NOT_STARTED,),
+            "Reservation.closed",
+            "its run ended before its start (a failed start, whose outcome settles it)",
+        ),
     ),
-    State.STAGED: frozenset({State.HANDED, State.GIVEN_BACK, State.TAKEN_OVER, State.LOST}),
-    State.HANDED: frozenset({State.STARTED, State.NOT_STARTED, State.LOST}),
-}
+    attr="_state",
+)
 
 
 class Reservation:
@@ -100,7 +156,7 @@ class Reservation:
         `gate` says whether the reserved job may still start when its turn comes."""
         self.stores, self.settings, self.me = stores, settings, me
         self.spares, self.discard, self.gate = spares, discard, gate
-        self.state = State.NONE
+        self._state: str = State.NONE  # moved only by `RESERVATION.move`
         self.ticket: Ticket | None = None
         #: The start made ready (`stage`), until its run takes it (`staged_for`).
         self._staged: staging.Staged | None = None
@@ -111,10 +167,14 @@ class Reservation:
         self._lost: int | None = None
         self._renewed = 0.0
 
-    def _move(self, to: State) -> None:
-        if to not in MOVES[self.state]:
-            raise RuntimeError(f"a reservation cannot move from {self.state} to {to}")
-        self.state = to
+    @property
+    def state(self) -> State:
+        return State(self._state)
+
+    @property
+    def id(self) -> int | None:
+        """The reserved job's id: what `RESERVATION` names it by (None before the first)."""
+        return self.ticket.job_id if self.ticket is not None else None
 
     # -- made and kept while the current job runs ------------------------------------------
 
@@ -147,7 +207,7 @@ class Reservation:
             log.warning("could not reserve the next job", exc_info=True)
             return None
         self.ticket, self._lost, self._renewed = ticket, None, time.monotonic()
-        self._move(State.RESERVED)
+        RESERVATION.move(self, State.RESERVED)
         return ticket
 
     def renew(self, session: Session) -> None:
@@ -176,7 +236,7 @@ class Reservation:
             log.warning("job %s: could not stage it ahead", reserved.job_id, exc_info=True)
             self.discard(launch.runtime)
             return
-        self._move(State.STAGED)
+        RESERVATION.move(self, State.STAGED)
 
     # -- its turn: handed to its run, or ended ---------------------------------------------
 
@@ -191,7 +251,7 @@ class Reservation:
         try:
             self._staged.go()
         except LaunchError:  # its run (`run_job`) tries again, cold
-            log.warning("job %s: the staged start failed", self._job_id, exc_info=True)
+            log.warning("job %s: the staged start failed", self.id, exc_info=True)
 
     def take(self) -> Ticket | None:
         """The reserved job, for its run to start now (its staged start: `staged_for`); None
@@ -215,7 +275,7 @@ class Reservation:
             log.info("job %s: taken over by an idle worker; not started here", ticket.job_id)
             self._end(State.TAKEN_OVER)
         else:
-            self._move(State.HANDED)
+            RESERVATION.move(self, State.HANDED)
             return ticket
         return None
 
@@ -231,7 +291,7 @@ class Reservation:
     def staged_for(self, ticket: Ticket) -> staging.Staged | None:
         """The staged start of `ticket`, now its run's (any other staged job is abandoned)."""
         found, self._staged = self._staged, None
-        if found is not None and self.state is State.HANDED and self._job_id == ticket.job_id:
+        if found is not None and self.state is State.HANDED and self.id == ticket.job_id:
             return found
         self._abandon(found)
         return None
@@ -239,8 +299,8 @@ class Reservation:
     def closed(self, ticket: Ticket, how: State) -> None:
         """The handed job's run says how it went: its start recorded (*started*), refused
         (*lost*), or never reached (*not_started*). Its claim decides nothing any more."""
-        if self.state is State.HANDED and self._job_id == ticket.job_id:
-            self._move(how)
+        if self.state is State.HANDED and self.id == ticket.job_id:
+            RESERVATION.move(self, how)
             self.claims.forget(ticket.job_id, ticket.attempt, self.me.name)
 
     def release(self) -> None:
@@ -253,7 +313,7 @@ class Reservation:
     def _end(self, how: State) -> None:
         ticket = self.ticket
         assert ticket is not None
-        self._move(how)
+        RESERVATION.move(self, how)
         staged, self._staged = self._staged, None
         self._abandon(staged)
         if how is not State.LOST:
@@ -272,10 +332,6 @@ class Reservation:
         if staged is not None:
             staged.abandon()
             self.discard(staged.job.runtime)
-
-    @property
-    def _job_id(self) -> int | None:
-        return self.ticket.job_id if self.ticket is not None else None
 
     # -- as an idle worker --------------------------------------------------------------------
 

@@ -70,8 +70,8 @@ class Ticket:
     venv: str
     spec: dict[str, Any]  # what the experiment sees
     time_limit_s: float
-    #: Reserved while the previous job ran (app/jobs/reservations.py): still `queued` until
-    #: it is handed over and `reservations.start_reserved` marks it running.
+    #: Reserved while the previous job ran (app/jobs/reservations.py): `reserved` until it is
+    #: handed over and `reservations.start_reserved` marks it running.
     reserved: bool = False
     #: GPUs it runs on; a job of several has its gang's devices here (app/jobs/gangs.py), a
     #: one-GPU job runs on its worker's (None).

@@ -11,6 +11,7 @@ from app.clock import aware, utcnow
 from app.cycles import repository, schedules, service
 from app.cycles.steps.base import Step
 from app.jobs import service as jobs
+from app.jobs.lifecycle import WAITING
 from app.jobs.models import Job
 
 #: How long after its job ended a cycle waits for the job's whole log, measured from the job's
@@ -46,7 +47,7 @@ class WaitForJob(Step):
                 if cycle.state != "running":
                     repository.set_state(session, cycle, "running")
                 return False
-            if job.state == "queued" or log_pending(job, utcnow()):
+            if job.state in WAITING or log_pending(job, utcnow()):
                 return False
             cycle.gpu_seconds = job.gpu_seconds
             if job.state == "succeeded":

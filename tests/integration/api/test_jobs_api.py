@@ -12,7 +12,9 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.db import Stores
+from app.jobs import lifecycle
 from app.jobs import service as jobs
+from app.jobs.lifecycle import JobState
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
@@ -210,3 +212,21 @@ def test_standalone_jobs_have_the_same_cap_as_cycles(
         )
         assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
         assert submit(client, tokens["trigger"])["state"] == "queued"
+
+
+def test_reserved_jobs_are_filtered_and_counted_apart(
+    client: TestClient, tokens: dict[str, str], probe: str, stores: Stores
+) -> None:
+    """A job a busy worker reserved (app/jobs/reservations.py) has its own state: the list's
+    filter takes it, and the queue counts it apart from the queued ones, still waiting."""
+    headers = bearer(tokens["review"])
+    first, second = submit(client, tokens["trigger"]), submit(client, tokens["trigger"])
+    with stores.ops_session() as session:
+        lifecycle.move(jobs.get(session, second["id"]), JobState.RESERVED)
+    listed = client.get("/api/v1/jobs", params={"state": "reserved"}, headers=headers).json()
+    assert [j["id"] for j in listed] == [second["id"]]
+    queued = client.get("/api/v1/jobs", params={"state": "queued"}, headers=headers).json()
+    assert [j["id"] for j in queued] == [first["id"]]
+    queues = {q["queue"]: q for q in client.get("/api/v1/queues", headers=headers).json()}
+    assert (queues["gpu.cpu"]["queued"], queues["gpu.cpu"]["reserved"]) == (1, 1)
+    assert queues["gpu.h100"]["reserved"] == 0

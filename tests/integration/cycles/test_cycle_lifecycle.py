@@ -8,7 +8,9 @@ import pytest
 from app.cycles import repository, service
 from app.cycles.machine import Machine
 from app.cycles.steps.plan import Plan
+from app.cycles.steps.wait_for_job import WaitForJob
 from app.db import Stores
+from app.jobs.models import Job
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from app.settings import Settings
@@ -50,3 +52,32 @@ def test_set_state_refuses_an_illegal_move(stores: Stores) -> None:
         repository.set_state(session, service.get(session, cycle_id), "approved")
     with stores.ops_session() as session:
         assert service.get(session, cycle_id).state == "planned"
+
+
+@pytest.mark.parametrize("job_state", ["queued", "reserved"])
+def test_a_cycle_whose_job_waits_stays_queued(
+    stores: Stores, settings: Settings, job_state: str
+) -> None:
+    """A job a busy worker reserved (app/jobs/reservations.py) has not started: its cycle waits
+    as for a queued one, neither running nor failed."""
+    cycle_id = planned_cycle(stores)
+    with stores.ops_session() as session:
+        cycle = service.get(session, cycle_id)
+        repository.set_state(session, cycle, "preparing")
+        repository.set_state(session, cycle, "queued")
+        project = ops.get_project(session, "moves")
+        session.add(
+            Job(
+                cycle_id=cycle_id,
+                project_id=project.id,
+                experiment="probe",
+                queue="gpu.cpu",
+                state=job_state,
+            )
+        )
+    assert not WaitForJob(stores, settings).run(cycle_id)
+    with stores.ops_session() as session:
+        assert (service.get(session, cycle_id).state, service.get(session, cycle_id).error) == (
+            "queued",
+            None,
+        )

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 import app.tables  # noqa: F401  (every model registered)
 from app import migrate
 from app.db import OpsBase, Stores, make_engine
+from app.jobs import reservations
 from app.memory.models import MemoryBase, include_object, is_search_index
 from app.settings import Settings
+from tests.integration.queue.test_jobs_service import lease, make_project, submit
 
 # Both stacks: each migration runs on both stores' dialects.
 pytestmark = pytest.mark.stores("sqlite", "postgres")
@@ -52,6 +55,43 @@ def test_models_match_migrations(stores: Stores) -> None:
             )
             diff = compare_metadata(context, metadata)
         assert diff == [], diff
+
+
+def migrate_ops(settings: Settings, action: str, revision: str) -> None:
+    """Alembic's `action` to `revision` on the ops store alone (`migrate` moves both)."""
+    config = migrate.alembic_config("ops", settings.ops_database_url)
+    engine = make_engine(settings.ops_database_url)
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            getattr(command, action)(config, revision)
+    finally:
+        engine.dispose()
+
+
+def job_states(stores: Stores) -> dict[int, str]:
+    with stores.ops_engine.connect() as connection:
+        return {i: s for i, s in connection.execute(text("SELECT id, state FROM job"))}
+
+
+def test_a_reservation_held_across_the_reserved_state_migration_is_reserved(
+    stores: Stores, settings: Settings
+) -> None:
+    """20261207_job_reserved_state: a job reserved before it (queued, with a lease row) is
+    `reserved` after it, so its worker's hand-over still finds it; a queued job without a
+    lease stays queued. Its downgrade makes reserved jobs queued again."""
+    make_project(stores, "alpha")
+    running, reserved, waiting = (submit(stores, settings, "alpha") for _ in range(3))
+    assert lease(stores, settings, "w1") == running
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
+    with stores.ops_session() as session:
+        job = reservations.reserve_next(session, at_once, queue="gpu.cpu", worker="w1", device="")
+        assert job is not None and job.id == reserved
+    migrate_ops(settings, "downgrade", "20261207_campaigns")
+    before = {running: "leased", reserved: "queued", waiting: "queued"}
+    assert job_states(stores) == before
+    migrate_ops(settings, "upgrade", "head")
+    assert job_states(stores) == {**before, reserved: "reserved"}
 
 
 def test_stores_are_disjoint(stores: Stores, settings: Settings) -> None:

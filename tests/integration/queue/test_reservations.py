@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import update
 
 from app.db import Stores
-from app.jobs import reaping, reservations
+from app.jobs import figures, reaping, reservations
 from app.jobs import repository as repo
 from app.jobs import service as jobs
 from app.jobs.lifecycle import End
@@ -50,7 +50,7 @@ def test_a_reserved_job_keeps_its_place_and_is_no_one_elses(
     assert lease(stores, settings, "w2") == other
     assert reserve(stores, settings, "w1") == second
     reserved = row(stores, second)
-    assert (reserved.state, reserved.attempts, reserved.workdir) == ("queued", 0, "/w")
+    assert (reserved.state, reserved.attempts, reserved.workdir) == ("reserved", 0, "/w")
     # another busy worker reserving its next job skips it and takes the job behind it
     assert reserve(stores, settings, "w2") == third
     # the reservation is a lease: the first worker's heartbeat renews it
@@ -65,6 +65,56 @@ def test_a_reserved_job_keeps_its_place_and_is_no_one_elses(
     with stores.ops_session() as session:
         lease_row = repo.lease_of(session, second)
         assert lease_row is not None and lease_row.pid == 4242
+
+
+def test_a_reservation_writes_the_jobs_state_with_its_lease(
+    stores: Stores, settings: Settings
+) -> None:
+    """A reserved job is `reserved` in the ops DB as soon as the reservation commits (one
+    transaction, no second write), is listed and counted as such, and still waits: no log, no
+    start, its cycle still queued."""
+    make_project(stores, "alpha")
+    running, nxt = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    assert reserve(stores, settings, "w1") == nxt
+    with stores.ops_session() as session:
+        job = repo.get(session, nxt)
+        lease_row = repo.lease_of(session, nxt)
+        assert job is not None and lease_row is not None
+        assert (job.state, lease_row.worker, job.started_at) == ("reserved", "w1", None)
+        assert [j.id for j in jobs.list_jobs(session, state="reserved")] == [nxt]
+        assert jobs.list_jobs(session, state="queued") == []
+        assert repo.waiting_without_doorbell(session, jobs.utcnow() + timedelta(hours=1)) == []
+        summary = {q["queue"]: q for q in figures.queues(session, settings)}
+        cpu = summary["gpu.cpu"]
+        assert (cpu["queued"], cpu["reserved"], cpu["leased"]) == (0, 1, 1)
+        assert cpu["oldest_queued_at"] is not None  # a reserved job still waits
+
+
+def test_a_reservation_that_does_not_commit_leaves_the_job_queued(
+    stores: Stores, settings: Settings
+) -> None:
+    make_project(stores, "alpha")
+    running, nxt = (submit(stores, settings, "alpha") for _ in range(2))
+    assert lease(stores, settings, "w1") == running
+    at_once = settings.model_copy(update={"gpu_reserve_after_s": 0.0})
+    seen: list[str] = []
+
+    def reserve_then_refuse() -> None:
+        with stores.ops_session() as session:
+            job = reservations.reserve_next(
+                session, at_once, queue="gpu.cpu", worker="w1", device=""
+            )
+            seen.append(job.state if job else "none")
+            raise RuntimeError("too late for it")  # the worker's deadline, say: rolled back
+
+    with pytest.raises(RuntimeError):
+        reserve_then_refuse()
+    assert seen == ["reserved"]
+    still = row(stores, nxt)
+    assert (still.state, still.attempts) == ("queued", 0)
+    with stores.ops_session() as session:
+        assert repo.lease_of(session, nxt) is None
 
 
 def test_a_worker_is_one_gpu_for_the_peak_budget(stores: Stores, settings: Settings) -> None:
@@ -137,7 +187,13 @@ def test_a_released_reservation_is_first_in_line_again(stores: Stores, settings:
     with stores.ops_session() as session:
         reservations.release(session, nxt, "w2")  # not its own: nothing happens
         assert session.query(Lease).filter(Lease.job_id == nxt).count() == 1
+    assert row(stores, nxt).state == "reserved"
+    with stores.ops_session() as session:
         reservations.release(session, nxt, "w1")
+    given_back = row(stores, nxt)
+    assert (given_back.state, given_back.attempts) == ("queued", 0)
+    with pytest.raises(jobs.LeaseLost):  # no longer its worker's to hand over
+        start(stores, nxt, "w1")
     assert lease(stores, settings, "w2") == nxt
     assert lease(stores, settings, "w3") == later
 
@@ -246,8 +302,8 @@ def test_a_reserved_job_its_worker_starts_is_not_taken_over(
     assert reserve(stores, settings, "w1") == nxt
     assert lease(stores, settings, "w3") == later  # no claims: a reserved job is passed over
     finish(stores, running, "w1")
-    assert host.start(nxt, 0, "w1")  # handed to its interpreter: the DB still says queued
-    assert row(stores, nxt).state == "queued"
+    assert host.start(nxt, 0, "w1")  # handed to its interpreter: the DB still says reserved
+    assert row(stores, nxt).state == "reserved"
     assert host.lease(stores, settings, "w2") == last
     start(stores, nxt, "w1")
     with stores.ops_session() as session:
@@ -267,7 +323,7 @@ def test_a_reservation_on_another_host_is_not_taken_over(
     with stores.ops_session() as session:
         session.execute(update(Lease).where(Lease.job_id == nxt).values(host="elsewhere"))
     assert host.lease(stores, settings, "w2") is None
-    assert row(stores, nxt).state == "queued"
+    assert row(stores, nxt).state == "reserved"
 
 
 def test_the_claims_of_a_reservation_race_on_one_lock(tmp_path: Path) -> None:

@@ -264,7 +264,7 @@ def test_an_idle_worker_takes_over_a_busy_workers_reservation_and_it_runs_once(
             return lease.worker if lease is not None else None
 
     reserved = wait_for(reserver, timeout=60)
-    assert reserved == busy and job(stores, nxt).state == "queued"
+    assert reserved == busy and job(stores, nxt).state == "reserved"
     workers.start("gpu1", "gpu", "--kind", "cpu", "--device", "1", env=env)
     done = wait_for(lambda: finished(stores, nxt), timeout=120)
     assert done.state == "succeeded", (done.error, workers.logs())

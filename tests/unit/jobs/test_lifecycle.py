@@ -13,7 +13,9 @@ from app.jobs.lifecycle import (
     ACTIVE,
     ALLOWED,
     FINISHED,
+    JOB,
     JOB_STATES,
+    WAITING,
     End,
     JobState,
     StateName,
@@ -55,6 +57,10 @@ def test_the_state_is_the_move_not_a_field() -> None:
     ("frm", "to"),
     [
         ("queued", "succeeded"),  # never started: cannot have succeeded
+        ("queued", "running"),  # only a reserved job is handed over; a leased one starts
+        ("reserved", "succeeded"),  # never started either
+        ("reserved", "reserved"),
+        ("leased", "reserved"),  # a lapsed lease goes back to the line, not to a reservation
         ("leased", "leased"),
         ("running", "leased"),
         ("failed", "queued"),
@@ -81,7 +87,7 @@ def test_every_state_is_reached_from_queued_and_every_live_one_can_finish() -> N
                 reached.add(to)
                 frontier.append(to)
     assert reached == set(JOB_STATES)
-    for state in (JobState.QUEUED, *ACTIVE):
+    for state in (*WAITING, *ACTIVE):
         assert {to for frm, to in ALLOWED if frm == state} & set(FINISHED)
 
 
@@ -103,6 +109,36 @@ def test_state_after_each_end(ended: End, state: JobState) -> None:
 
 def test_every_end_has_a_state_after_it() -> None:
     assert {state_after(e) for e in End} <= set(FINISHED)
+
+
+def test_an_illegal_move_from_reserved_names_both_states() -> None:
+    row = job("reserved", job_id=9)
+    with pytest.raises(IllegalMove) as refused:
+        lifecycle.move(row, JobState.SUCCEEDED)
+    assert refused.value.detail == (
+        "job 9 cannot move from reserved to succeeded: from reserved it may only become "
+        "cancelled, failed, leased, queued, running"
+    )
+    assert refused.value.extra == {"from_state": "reserved", "to_state": "succeeded"}
+    assert row.state == "reserved"
+
+
+def test_a_reserved_job_is_handed_over_given_back_taken_over_or_ended_unstarted() -> None:
+    assert JOB.onward(JobState.RESERVED) == ("cancelled", "failed", "leased", "queued", "running")
+    for to, by in [
+        (JobState.RUNNING, "repository.promote"),  # the hand-over
+        (JobState.QUEUED, "reservations.release, reaping.reap"),  # given back, or lapsed
+        (JobState.LEASED, "repository.claim"),  # taken over by an idle worker of its host
+        (JobState.CANCELLED, "service.cancel"),
+        (JobState.FAILED, "service.finish"),  # its handed run never began
+    ]:
+        (made,) = ALLOWED[(JobState.RESERVED, to)]
+        assert made.by == by
+    (reserve,) = ALLOWED[(JobState.QUEUED, JobState.RESERVED)]
+    assert reserve.by == "reservations.reserve_next"
+    row = job("reserved")
+    lifecycle.move(row, JobState.QUEUED)
+    assert row.state == "queued"
 
 
 def test_a_racing_move_is_built_from_the_table() -> None:
