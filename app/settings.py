@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from app.redaction import redact_text, redact_url
-from app.sandbox import RunLimits
+from app.sandbox.cgroups import RunLimits
 
 ENV_PREFIX = "AUTOPILOT_"
 _BROKER_SCHEMES = ("filesystem", "redis", "rediss", "memory")
@@ -380,7 +380,7 @@ class QueueSettings(BaseModel):
     run_limits: RunLimits = Field(
         default_factory=RunLimits,
         description='Each experiment run\'s limits, JSON: `{"pids": 4096, "memory": "80%"}`; a '
-        "key left out keeps its default (app/sandbox.py, RunLimits).",
+        "key left out keeps its default (app/sandbox/cgroups.py, RunLimits).",
     )
 
     # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.

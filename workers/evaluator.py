@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app import sandbox
 from app.jobs import paths
 from app.projects import command as command_kind
 from app.projects.config import Experiment
+from app.sandbox import bwrap, confined
+from app.sandbox.exceptions import SandboxTimeout
 from app.settings import Settings
 from workers.launcher import confine
 from workers.launcher.venv import inherited_site_dirs
@@ -140,7 +141,7 @@ def evaluate(
         "CUDA_VISIBLE_DEVICES": confine.visible_inside(gpus) if gpus else (device_env or ""),
     }
     tree = evaluator.tree.absolute()
-    policy = sandbox.Policy(
+    policy = bwrap.Policy(
         cwd=tree,
         env=env,
         # Its own tree, the venv and the run's artifacts, all read-only: one evaluation leaves
@@ -161,7 +162,7 @@ def evaluate(
     log.unlink(missing_ok=True)
     what = f"the evaluator {shlex.join(evaluator.argv)}"
     try:
-        code = sandbox.run(
+        code = confined.run(
             program(argv, venv, env),
             policy,
             name=f"eval-{job_id}{confine.owner_suffix()}",
@@ -169,7 +170,7 @@ def evaluate(
             log_path=log,
             sandbox=settings.sandbox == "on",
         )
-    except sandbox.SandboxTimeout:
+    except SandboxTimeout:
         raise command_kind.CommandError(
             f"{what} ran past its time limit of {time_limit_s:g} s"
         ) from None

@@ -22,9 +22,10 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from sqlalchemy.engine import make_url
 
-from app import migrate, sandbox
+from app import migrate
 from app.logs import RedactSecrets, secret_values
 from app.redaction import redact_text, redact_url
+from app.sandbox import confined
 from app.settings import (
     ENV_PREFIX,
     Settings,
@@ -447,7 +448,7 @@ def check_sandbox(settings: Settings) -> Check:
             True,
             "off (AUTOPILOT_SANDBOX=off): experiments run unconfined, and every job records it",
         )
-    if missing := sandbox.check():
+    if missing := confined.check():
         return Check(
             "sandbox",
             False,

@@ -131,11 +131,11 @@ def worker_control(
 ) -> None:
     """Consume the control queue (cycle steps, merges, schedules, the reaper). Jobs are
     prepared on the GPU hosts, by their GPU workers."""
-    from app import sandbox
     from app.cli.common import load_settings
+    from app.sandbox import confined
     from workers.celery_app import celery
 
-    if load_settings().sandbox == "on" and (missing := sandbox.check()):
+    if load_settings().sandbox == "on" and (missing := confined.check()):
         # The sweep planner runs no untrusted code; a command agent's cycle fails with this.
         typer.echo(
             f"warning: command agents cannot run sandboxed on this host: {missing}; their "

@@ -19,7 +19,6 @@ from typing import Any
 import openai
 from pydantic import SecretStr
 
-from app import sandbox
 from app.agents import prompt, reply, service
 from app.agents.exceptions import AgentFailed
 from app.agents.reply import Refused
@@ -29,6 +28,8 @@ from app.errors import InvalidInput
 from app.git import runner as gitrunner
 from app.projects.config import AgentConfig
 from app.redaction import redact_text
+from app.sandbox import bwrap, confined
+from app.sandbox.exceptions import SandboxTimeout
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -319,14 +320,14 @@ class LLMAgent:
             env[f"GIT_CONFIG_KEY_{i}"], _, env[f"GIT_CONFIG_VALUE_{i}"] = setting.partition("=")
         log_path = self.workspace.root / f"git-{what}.log"
         log_path.unlink(missing_ok=True)
-        policy = sandbox.Policy(
+        policy = bwrap.Policy(
             cwd=self.workspace.repo,
             env=env,
             writable=[self.workspace.work],
             home=self.workspace.files,
         )
         try:
-            code = sandbox.run(
+            code = confined.run(
                 ["git", *args],
                 policy,
                 name=f"{self.run_name}-git-{what}",
@@ -334,7 +335,7 @@ class LLMAgent:
                 log_path=log_path,
                 sandbox=self.sandboxed,
             )
-        except sandbox.SandboxTimeout:
+        except SandboxTimeout:
             raise AgentFailed(f"git {args[0]} ran past {_GIT_TIMEOUT_S:g} s") from None
         except OSError as exc:
             raise AgentFailed(f"git cannot start: {exc}") from None

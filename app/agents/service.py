@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from app import sandbox
 from app.agents import grid, informed, presets, workspace
 from app.agents.exceptions import AgentFailed
 from app.agents.workspace import Workspace
 from app.errors import InvalidInput
 from app.projects.config import Experiment, ProjectConfig
+from app.sandbox import bwrap, confined
+from app.sandbox.exceptions import SandboxTimeout
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ class CommandAgent:
         prompt.write_text(text, encoding="utf-8")
         ctx.write_text(json.dumps(_context_json(context), indent=2, default=str), "utf-8")
         env = (
-            sandbox.allow_env(os.environ, _AGENT_ENV_ALLOW)
+            bwrap.allow_env(os.environ, _AGENT_ENV_ALLOW)
             | passed
             | {
                 "HOME": str(files),
@@ -232,7 +233,7 @@ class CommandAgent:
         )
         offset = out.stat().st_size if out.exists() else 0
         try:
-            code = sandbox.run(
+            code = confined.run(
                 argv,
                 workspace.policy(self.workspace, env, argv),
                 name=self.run_name,
@@ -241,7 +242,7 @@ class CommandAgent:
                 sandbox=self.sandboxed,
                 stdin=prompt if self.preset else None,
             )
-        except sandbox.SandboxTimeout:
+        except SandboxTimeout:
             raise AgentFailed(
                 f"agent command timed out after {self.time_limit_s:g} s and was killed "
                 f"(output in {out})"

@@ -5,7 +5,7 @@ cycle's base commit (`work/repo/`) and its files (`work/files/`: prompt, context
 What the control host writes or reads back (the logs, the bundle it fetches) is checked to be
 a plain file and never opened through a link the agent planted: the logs live beside `work/`,
 out of its reach. It runs in the
-sandbox (`app.sandbox`), keeps the network (it calls its model) and gets no service secret.
+sandbox (`app/sandbox/`), keeps the network (it calls its model) and gets no service secret.
 Its commits come back as a git bundle that `pack` writes, also inside the sandbox, so that no
 hook, fsmonitor or config the agent planted in its clone ever runs outside it; the control host
 fetches the bundle as objects (docs/design.md, "Hosts and boundaries").
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import sandbox
 from app.agents.exceptions import AgentFailed
+from app.sandbox import bwrap, confined
 
 #: Commits what the agent left uncommitted, then bundles base..HEAD (nothing when unchanged).
 _PACK = """\
@@ -107,7 +107,7 @@ def tool_paths(argv0: str, search_path: str) -> list[Path]:
     found = shutil.which(argv0, path=search_path) if os.sep not in argv0 else argv0
     if not found:
         return []
-    system = sandbox.system_read_only()
+    system = bwrap.system_read_only()
     paths: list[Path] = []
     for program in (Path(os.path.abspath(found)), Path(os.path.realpath(found))):
         if any(program.is_relative_to(p) for p in system):
@@ -123,9 +123,9 @@ def policy(
     argv: Sequence[str],
     *,
     read_only: Sequence[Path] = (),
-) -> sandbox.Policy:
+) -> bwrap.Policy:
     tools = tool_paths(argv[0], env.get("PATH", "")) if argv else []
-    return sandbox.Policy(
+    return bwrap.Policy(
         cwd=workspace.repo,
         env=dict(env),
         read_only=[*tools, *read_only],
@@ -150,7 +150,7 @@ def pack(
     """Bundle the agent's commits (its uncommitted changes committed first), in the sandbox;
     the bundle, or None when the agent changed nothing."""
     who, email = author
-    env = sandbox.allow_env(os.environ, sandbox.BASE_ENV_NAMES) | {
+    env = bwrap.allow_env(os.environ, bwrap.BASE_ENV_NAMES) | {
         "HOME": str(workspace.files),
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
@@ -163,9 +163,9 @@ def pack(
         "AUTOPILOT_BUNDLE": str(workspace.bundle),
     }
     log = workspace.pack_log
-    code = sandbox.run(
+    code = confined.run(
         ["/bin/sh", "-c", _PACK],
-        sandbox.Policy(cwd=workspace.repo, env=env, writable=[workspace.work]),
+        bwrap.Policy(cwd=workspace.repo, env=env, writable=[workspace.work]),
         name=name,
         timeout_s=time_limit_s,
         log_path=log,

@@ -18,7 +18,8 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from app import sandbox
+from app.sandbox import bwrap, cgroups
+from app.sandbox.exceptions import SandboxUnavailable
 from app.settings import get_settings
 from workers.launcher import deathwatch
 from workers.launcher.runtime import RuntimeDir
@@ -90,7 +91,7 @@ def visible_inside(assigned: Sequence[int]) -> str:
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
-def cgroup_limits(limits: sandbox.RunLimits, host_memory: int | None = None) -> sandbox.Limits:
+def cgroup_limits(limits: cgroups.RunLimits, host_memory: int | None = None) -> cgroups.Limits:
     """The cgroup limits of a run under the host's `run_limits` setting; `host_memory` (bytes,
     default: this host's MemTotal) is what a share such as `80%` is taken of."""
     memory: int | None = None
@@ -100,7 +101,7 @@ def cgroup_limits(limits: sandbox.RunLimits, host_memory: int | None = None) -> 
     elif limits.memory != "max":
         unit = limits.memory[-1] if limits.memory[-1] in "KMG" else ""
         memory = int(limits.memory.removesuffix(unit)) * _UNITS[unit]
-    return sandbox.Limits(pids=limits.pids, memory=memory, cpus=limits.cpus)
+    return cgroups.Limits(pids=limits.pids, memory=memory, cpus=limits.cpus)
 
 
 def _host_memory() -> int | None:
@@ -114,23 +115,23 @@ def _host_memory() -> int | None:
 class _Configured:
     """The cgroup limits this process gives each run's cgroup (`configure`)."""
 
-    limits: sandbox.Limits | None = None
+    limits: cgroups.Limits | None = None
 
 
-def configure(limits: sandbox.RunLimits) -> None:
+def configure(limits: cgroups.RunLimits) -> None:
     """Give every run's cgroup opened from now on in this process (a job's, a parked
     interpreter's, an exec stub's) the limits of `limits`: a GPU worker calls it at its start."""
     _Configured.limits = cgroup_limits(limits)
 
 
-def run_cgroup_limits() -> sandbox.Limits:
+def run_cgroup_limits() -> cgroups.Limits:
     """The limits a run's cgroup gets: those `configure`d, else this process's settings' (an
     exec stub readied before the loop's start gets them too)."""
     if _Configured.limits is None:
         try:
             limits = get_settings().run_limits
         except ValueError:  # settings this process cannot read: the worker refuses to start
-            limits = sandbox.RunLimits()
+            limits = cgroups.RunLimits()
         _Configured.limits = cgroup_limits(limits)
     return _Configured.limits
 
@@ -155,7 +156,7 @@ def owner_suffix() -> str:
     return f"{_OWNER}{os.getpid()}"
 
 
-def watched(cgroup: sandbox.Cgroup) -> bool:
+def watched(cgroup: cgroups.Cgroup) -> bool:
     """Whether `cgroup` is killed when this worker dies, whatever kills it: it is named for this
     worker and the worker's death watch (`deathwatch.py`) runs. A job started in such a cgroup
     needs no parent-death signal of its own."""
@@ -166,8 +167,8 @@ def watched(cgroup: sandbox.Cgroup) -> bool:
 def start_death_watch() -> None:
     """Start this worker's death watch ahead of its first job, so that job's launch does not
     pay for the watch's start (a host without cgroup v2 or pidfds has none: nothing happens)."""
-    with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
-        deathwatch.ensure(sandbox.cgroup_base(), owner_suffix())
+    with contextlib.suppress(SandboxUnavailable, OSError):
+        deathwatch.ensure(cgroups.cgroup_base(), owner_suffix())
 
 
 def _alive(pid: int) -> bool:
@@ -189,7 +190,7 @@ def policy(
     runtime: RuntimeDir | None = None,
     pythonpath: Sequence[Path] = (),
     writable: Sequence[Path] = (),
-) -> sandbox.Policy:
+) -> bwrap.Policy:
     """The sandbox of one experiment process (or of its preflight guard, without a runtime)."""
     root = Path(os.path.abspath(cwd))
     venv_abs = Path(os.path.abspath(venv))
@@ -217,7 +218,7 @@ def policy(
             # The short alias lives in /tmp, a tmpfs of the sandbox's own: made again inside.
             links.append((str(runtime.target), runtime.path))
         home = runtime.path  # caches a library keeps under ~ stay with the job's runtime dir
-    return sandbox.Policy(
+    return bwrap.Policy(
         cwd=root,
         env=env,
         read_only=read_only,
@@ -229,13 +230,13 @@ def policy(
     )
 
 
-def open_cgroup(name: str, *, required: bool) -> sandbox.Cgroup | None:
+def open_cgroup(name: str, *, required: bool) -> cgroups.Cgroup | None:
     """The run's cgroup (leftovers of an earlier run under that name are killed first), with
     the run's limits (`run_cgroup_limits`); None when this host has no writable cgroup v2 and
     `required` is False (its process group is then all that is killed)."""
     try:
-        return sandbox.Cgroup.create(name, limits=run_cgroup_limits())
-    except sandbox.SandboxUnavailable:
+        return cgroups.Cgroup.create(name, limits=run_cgroup_limits())
+    except SandboxUnavailable:
         if required:
             raise
         return None
@@ -245,18 +246,18 @@ def sweep_orphans() -> None:
     """Kill and remove the cgroups whose owning worker is dead (SIGKILL leaves them, with any
     process of its job that detached); a live worker's cgroups are left alone."""
     try:
-        base = sandbox.Cgroup.create(f"sweep{_OWNER}{os.getpid()}")
-    except sandbox.SandboxUnavailable:
+        base = cgroups.Cgroup.create(f"sweep{_OWNER}{os.getpid()}")
+    except SandboxUnavailable:
         return
     base.remove()
     for folder in base.path.parent.glob(f"*{_OWNER}*"):
         owner = folder.name.rsplit(_OWNER, 1)[1]
         if owner.isdigit() and not _alive(int(owner)):
-            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
-                sandbox.Cgroup(folder).remove()
+            with contextlib.suppress(SandboxUnavailable, OSError):
+                cgroups.Cgroup(folder).remove()
 
 
-def move(processes: sandbox.Cgroup, into: sandbox.Cgroup) -> None:
+def move(processes: cgroups.Cgroup, into: cgroups.Cgroup) -> None:
     """Move every process of `processes` (a parked interpreter's, which starts nothing while
     parked) into `into`, then remove the emptied cgroup."""
     procs = into.path / "cgroup.procs"
@@ -274,7 +275,7 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def signal_group(pgid: int, cgroup: sandbox.Cgroup | None, sig: signal.Signals) -> None:
+def signal_group(pgid: int, cgroup: cgroups.Cgroup | None, sig: signal.Signals) -> None:
     """Send `sig` to the whole job: every process of its cgroup, however it detached, else its
     process group. SIGTERM skips bubblewrap's own processes: bwrap does not forward it, it would
     die of it and take the job down with SIGKILL before its grace period."""
@@ -283,7 +284,7 @@ def signal_group(pgid: int, cgroup: sandbox.Cgroup | None, sig: signal.Signals) 
             os.killpg(pgid, sig)
         return
     if sig == signal.SIGKILL:  # sent to all at once; whoever removes the cgroup waits
-        with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+        with contextlib.suppress(SandboxUnavailable, OSError):
             cgroup.kill(wait=False)
         return
     for pid in cgroup.pids():

@@ -32,7 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from app import sandbox
+from app.sandbox import cgroups
+from app.sandbox.exceptions import SandboxUnavailable
 from workers.launcher import confine
 from workers.launcher.launch import LaunchError, killpg
 
@@ -96,8 +97,8 @@ def _message(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bytes:
 class ExecStub:
     """One stub: started, moved into its cgroup, waiting for its job (`launch`)."""
 
-    def __init__(self, cgroup: sandbox.Cgroup) -> None:
-        self.cgroup: sandbox.Cgroup | None = cgroup
+    def __init__(self, cgroup: cgroups.Cgroup) -> None:
+        self.cgroup: cgroups.Cgroup | None = cgroup
         self.owner = os.getpid()
         self._used = False  # it became a job: its process and cgroup are the job's
         self._ready = False  # it said so ("R", read off its status pipe)
@@ -197,7 +198,7 @@ class ExecStub:
                     pipe.close()
         cgroup, self.cgroup = self.cgroup, None
         if cgroup is not None:
-            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            with contextlib.suppress(SandboxUnavailable, OSError):
                 cgroup.remove()
 
 
@@ -239,9 +240,9 @@ def prepare() -> bool:
                 cgroup.remove()
                 return False
             _waiting = ExecStub(cgroup)
-        except (OSError, sandbox.SandboxUnavailable):
+        except (OSError, SandboxUnavailable):
             log.warning("could not start an exec stub for the next cold job", exc_info=True)
-            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            with contextlib.suppress(SandboxUnavailable, OSError):
                 cgroup.remove()
             return False
         return True

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import sandbox
+from app.sandbox import bwrap, confined
+from app.sandbox.exceptions import SandboxTimeout
 from workers.launcher import venv as venv_mod
 from workers.launcher.venv import COMPLETE_MARKER, interpreter_path
 from workers.launcher.venv_build import VenvError
@@ -169,7 +170,7 @@ def run_guard(
     requirements_hash: str | None = None,
     cache_dir: Path | None = None,
     timeout_s: float = 120.0,
-    policy: sandbox.Policy | None = None,
+    policy: bwrap.Policy | None = None,
     cgroup: str = "guard",
     worktree_commit: str | None = None,
 ) -> GuardReport:
@@ -231,7 +232,7 @@ def _probe(
     wanted: dict[str, list[str]],
     worktree: Path | None,
     timeout_s: float,
-    policy: sandbox.Policy | None = None,
+    policy: bwrap.Policy | None = None,
     cgroup: str = "guard",
 ) -> None:
     with tempfile.TemporaryDirectory(prefix="ap-guard-") as tmp:
@@ -251,7 +252,7 @@ def _probe(
                     check=False,
                 )
                 returncode, stderr = proc.returncode, proc.stderr.decode(errors="replace")
-        except (subprocess.TimeoutExpired, sandbox.SandboxTimeout):
+        except (subprocess.TimeoutExpired, SandboxTimeout):
             report.checks.append(
                 Check(
                     "interpreter",
@@ -291,12 +292,12 @@ def _probe(
 
 
 def _run_sandboxed(
-    argv: list[str], policy: sandbox.Policy, tmp: Path, cgroup: str, timeout_s: float
+    argv: list[str], policy: bwrap.Policy, tmp: Path, cgroup: str, timeout_s: float
 ) -> tuple[int, str]:
     """The probe in the job's sandbox, which may write only its own findings file besides."""
     log = tmp / "probe.log"
-    confined = dataclasses.replace(policy, writable=[*policy.writable, tmp])
-    code = sandbox.run(argv, confined, name=cgroup, timeout_s=timeout_s, log_path=log)
+    with_tmp = dataclasses.replace(policy, writable=[*policy.writable, tmp])
+    code = confined.run(argv, with_tmp, name=cgroup, timeout_s=timeout_s, log_path=log)
     return code, log.read_text(errors="replace") if log.exists() else ""
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import sandbox
+from app.sandbox import bwrap, cgroups
 from workers.launcher import confine
 from workers.launcher.environment import build_child_env
 from workers.launcher.runtime import RuntimeDir
@@ -108,7 +108,7 @@ class LaunchSpec:
             *self.tree_path(),
         ]
 
-    def policy(self) -> sandbox.Policy | None:
+    def policy(self) -> bwrap.Policy | None:
         """Its sandbox, or None when it runs unconfined."""
         if not self.sandboxed:
             return None
@@ -242,7 +242,7 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
 
 
 def start(
-    job: LaunchSpec, env: dict[str, str], cgroup: sandbox.Cgroup | None
+    job: LaunchSpec, env: dict[str, str], cgroup: cgroups.Cgroup | None
 ) -> subprocess.Popen[bytes]:
     """Start `job` cold. An unconfined module job in a cgroup its worker's death watch covers
     starts with no preexec_fn, which lets CPython vfork (`_spawn_placed`); every other job (a
@@ -277,7 +277,7 @@ _autopilot_placed()
 
 
 def _spawn_placed(
-    job: LaunchSpec, env: dict[str, str], cgroup: sandbox.Cgroup
+    job: LaunchSpec, env: dict[str, str], cgroup: cgroups.Cgroup
 ) -> subprocess.Popen[bytes]:
     """Start the module job with vfork, then move it into `cgroup` from here while its
     interpreter starts up. The move waits for an RCU grace period in the kernel (5-18 ms here
@@ -321,8 +321,8 @@ def spawn(
     stdin: int,
     pass_fds: Sequence[int] = (),
     *,
-    policy: sandbox.Policy | None = None,
-    cgroup: sandbox.Cgroup | None = None,
+    policy: bwrap.Policy | None = None,
+    cgroup: cgroups.Cgroup | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `argv`, under bubblewrap when there is a `policy` (which then holds its cwd and
     environment), in `cgroup` when there is one."""
@@ -332,7 +332,7 @@ def spawn(
     if policy is not None:
         # bwrap itself gets an empty environment: --clearenv hides it from the job, but the
         # sandbox's pid 1 is bwrap, whose /proc/1/environ the job can read.
-        argv, env, run_cwd = sandbox.command(argv, policy), {}, None
+        argv, env, run_cwd = bwrap.command(argv, policy), {}, None
     # The preexec_fn makes CPython fork() instead of vfork(): about 3 ms a launch here
     # (bench/launch.py, docs/benchmarks.md); `start` avoids it where it can. Here it joins the
     # cgroup before anything is exec'd and sets the parent-death signal; under bwrap the

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import sandbox
+from app.sandbox import cgroups
+from app.sandbox.exceptions import SandboxUnavailable
 from workers.launcher import confine
 from workers.launcher.launch import LaunchSpec
 from workers.launcher.spare import Spare
@@ -231,13 +232,13 @@ def run_job(
             if deferred is not None:
                 deferred(_remover(staged.cgroup))
             else:
-                with contextlib.suppress(sandbox.SandboxUnavailable):
+                with contextlib.suppress(SandboxUnavailable):
                     staged.cgroup.remove()
 
 
-def _remover(cgroup: sandbox.Cgroup) -> Callable[[], None]:
+def _remover(cgroup: cgroups.Cgroup) -> Callable[[], None]:
     def remove() -> None:
-        with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+        with contextlib.suppress(SandboxUnavailable, OSError):
             cgroup.remove()
 
     return remove
@@ -251,7 +252,7 @@ def _supervise(
     lim: Limits,
     on_event: EventCallback | None,
     on_spawn: SpawnCallback | None,
-    cgroup: sandbox.Cgroup | None = None,
+    cgroup: cgroups.Cgroup | None = None,
     on_exit: Callable[[], None] | None = None,
     on_tick: TickCallback | None = None,
 ) -> Outcome:
@@ -285,7 +286,7 @@ class _Supervision:
         listener: socket.socket,
         lim: Limits,
         on_event: EventCallback | None,
-        cgroup: sandbox.Cgroup | None,
+        cgroup: cgroups.Cgroup | None,
         on_exit: Callable[[], None] | None,
     ) -> None:
         self.proc, self.started, self.listener, self.lim = proc, started, listener, lim

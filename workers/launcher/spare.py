@@ -23,7 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from app import sandbox
+from app.sandbox import cgroups
+from app.sandbox.exceptions import SandboxUnavailable
 from workers.launcher import confine, runtime
 from workers.launcher.launch import ENTRY, TREE_PATH, LaunchError, LaunchSpec, killpg, spawn
 from workers.launcher.runtime import RuntimeDir
@@ -161,7 +162,7 @@ class Spare:
                 cgroup_name or confine.spare_cgroup_name(runtime.target.name),
                 required=sandboxed,
             )
-        except sandbox.SandboxUnavailable as exc:
+        except SandboxUnavailable as exc:
             raise LaunchError(str(exc)) from exc
         self.started_at = time.monotonic()
         self._ready = False
@@ -237,7 +238,7 @@ class Spare:
         return self.wait_ready(SPARE_READY_TIMEOUT_S) if wait else None
 
     def hand_over(
-        self, job: LaunchSpec, cgroup: sandbox.Cgroup | None = None
+        self, job: LaunchSpec, cgroup: cgroups.Cgroup | None = None
     ) -> subprocess.Popen[bytes]:
         """Give the spare `job`; with `cgroup` (the job's), its processes move there first, so
         that whatever the job starts is in it. `self.cgroup` is then the job's cgroup."""
@@ -287,7 +288,7 @@ class Spare:
     def _remove_cgroup(self) -> None:
         cgroup, self.cgroup = self.cgroup, None
         if cgroup is not None:
-            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            with contextlib.suppress(SandboxUnavailable, OSError):
                 cgroup.remove()
 
 

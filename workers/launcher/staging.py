@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app import sandbox
+from app.sandbox import cgroups
+from app.sandbox.exceptions import SandboxUnavailable
 from workers.launcher import confine, execstub
 from workers.launcher.launch import ENTRY, LaunchError, LaunchSpec, start
 from workers.launcher.runtime import RuntimeDirError
@@ -38,7 +39,7 @@ class Staged:
 
     job: LaunchSpec
     listener: socket.socket
-    cgroup: sandbox.Cgroup | None
+    cgroup: cgroups.Cgroup | None
     spare: Spare | None
     missed: str | None = None  # why the spare offered could not run it
     proc: subprocess.Popen[bytes] | None = None
@@ -101,7 +102,7 @@ class Staged:
             self.proc.wait()
         self.close()
         if self.cgroup is not None:
-            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            with contextlib.suppress(SandboxUnavailable, OSError):
                 self.cgroup.remove()
 
     def close(self) -> None:
@@ -120,7 +121,7 @@ def stage(job: LaunchSpec, spare: Spare | None = None) -> Staged:
     """Make `job` ready to start, in `spare` when that can run it (without waiting for it to
     finish its start-up); the spare is used up either way."""
     missed = None
-    cgroup: sandbox.Cgroup | None = None
+    cgroup: cgroups.Cgroup | None = None
     stub: execstub.ExecStub | None = None
     try:
         if job.argv is None and not ENTRY.match(job.entry):
@@ -146,7 +147,7 @@ def stage(job: LaunchSpec, spare: Spare | None = None) -> Staged:
         if stub is not None:
             stub.close()
         if cgroup is not None:
-            with contextlib.suppress(sandbox.SandboxUnavailable, OSError):
+            with contextlib.suppress(SandboxUnavailable, OSError):
                 cgroup.remove()
         raise
     return Staged(job=job, listener=listener, cgroup=cgroup, spare=spare, missed=missed, stub=stub)
@@ -188,11 +189,11 @@ def _write_spec(job: LaunchSpec) -> None:
         handle.write(json.dumps(experiment_spec(job.spec)))
 
 
-def open_cgroup(job: LaunchSpec) -> sandbox.Cgroup | None:
+def open_cgroup(job: LaunchSpec) -> cgroups.Cgroup | None:
     assert job.cgroup is not None
     try:
         return confine.open_cgroup(job.cgroup, required=job.sandboxed)
-    except sandbox.SandboxUnavailable as exc:
+    except SandboxUnavailable as exc:
         raise LaunchError(str(exc)) from exc
 
 

@@ -156,7 +156,7 @@ def ensure_venv(
     With `sandboxed`, uv (or `python -m venv` and pip), and every package build it runs (a
     setup.py is code from the registry), run under bubblewrap in a cgroup of their own, seeing
     only the venv being built, the build's home, the installers' caches, the interpreter and
-    the uv binary (`app.sandbox`).
+    the uv binary (`app/sandbox/`).
 
     Two workers asking for the same venv serialise on a lock file; the second one finds
     the completion marker and reuses the venv. A directory without the marker is a build

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from uv import find_uv_bin
 
-from app import sandbox
+from app.sandbox import bwrap, cgroups
 
 REQUIREMENTS_FILE = "autopilot-requirements.txt"
 EXCLUDES_FILE = "autopilot-excludes.txt"
@@ -188,7 +188,7 @@ def build(
         "UV_PYTHON_DOWNLOADS": "never",  # the base interpreter is given: never fetch one
     }
     confine = (
-        sandbox.Policy(
+        bwrap.Policy(
             cwd=home,
             env=env,
             writable=[target, home, *caches],
@@ -215,7 +215,7 @@ class _Steps:
 
     uv: str
     env: dict[str, str]
-    confine: sandbox.Policy | None
+    confine: bwrap.Policy | None
     report: Progress
     install_timeout_s: float
     log: TextIO | None = None
@@ -322,7 +322,7 @@ def _run_logged(
     phase: str,
     timeout_s: float,
     env: dict[str, str],
-    confine: sandbox.Policy | None = None,
+    confine: bwrap.Policy | None = None,
 ) -> list[str]:
     """Run one step, its output into the log and `report` line by line; its output lines."""
     log.write(f"$ {' '.join(argv)}\n")
@@ -330,13 +330,13 @@ def _run_logged(
     with contextlib.ExitStack() as stack:
         cgroup = (
             stack.enter_context(
-                sandbox.Cgroup.create(f"venv-{os.getpid()}-{threading.get_ident()}-{phase}")
+                cgroups.Cgroup.create(f"venv-{os.getpid()}-{threading.get_ident()}-{phase}")
             )
             if confine is not None
             else None
         )
         return _run_pumped(
-            sandbox.command(argv, confine) if confine is not None else argv,
+            bwrap.command(argv, confine) if confine is not None else argv,
             {} if confine is not None else env,
             cgroup,
             log,
@@ -350,7 +350,7 @@ def _run_logged(
 def _run_pumped(
     args: list[str],
     env: dict[str, str],
-    cgroup: sandbox.Cgroup | None,
+    cgroup: cgroups.Cgroup | None,
     log: TextIO,
     report: Progress,
     phase: str,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from app import sandbox
 from app.agents.exceptions import AgentFailed
 from app.agents.service import CommandAgent, Context, Proposal
 from app.agents.workspace import Workspace
 from app.projects import config as project_config
+from app.sandbox import confined
 from tests.conftest import REQUIRE_SERVICES
 from tests.integration.agents import standins
 from tests.integration.queue.conftest import make_repo
@@ -26,7 +26,7 @@ OURS = f"ours-{uuid.uuid4().hex}"
 
 @pytest.fixture(autouse=True)
 def sandbox_on() -> None:
-    reason = sandbox.check()
+    reason = confined.check()
     if reason and not REQUIRE_SERVICES:
         pytest.skip(f"the sandbox is not available here: {reason}")
     assert reason is None, reason

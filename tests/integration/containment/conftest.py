@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app import sandbox
+from app.sandbox import confined
 from app.settings import Settings
 from tests.conftest import REQUIRE_SERVICES, Backend
 from tests.integration.launcher.conftest import (  # noqa: F401 - fixtures used here too
@@ -38,7 +38,7 @@ def broker_url(backend: Backend) -> str:
 
 @pytest.fixture(autouse=True)
 def sandbox_on() -> None:
-    reason = sandbox.check()
+    reason = confined.check()
     if reason and not REQUIRE_SERVICES:
         pytest.skip(f"the sandbox is not available here: {reason}")
     assert reason is None, reason

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app import sandbox
+from app.sandbox import cgroups
 from tests.integration.launcher.conftest import make_job  # noqa: F401 - the fixture
 from workers.launcher import confine
 from workers.launcher.launch import LaunchSpec
@@ -38,16 +38,16 @@ def sandboxed(make: MakeJob, body: str, *, sandbox_on: bool = True) -> LaunchSpe
     return make(body, sandboxed=sandbox_on, cgroup=name)
 
 
-def unenforced(limits: sandbox.Limits) -> list[str]:
+def unenforced(limits: cgroups.Limits) -> list[str]:
     """The limits of `limits` this host cannot set on a run's cgroup (none: all enforced)."""
-    probe = sandbox.Cgroup.create(f"limits-probe{confine.owner_suffix()}", limits=limits)
+    probe = cgroups.Cgroup.create(f"limits-probe{confine.owner_suffix()}", limits=limits)
     try:
         return probe.unenforced
     finally:
         probe.remove()
 
 
-def with_limits(monkeypatch: pytest.MonkeyPatch, limits: sandbox.Limits) -> None:
+def with_limits(monkeypatch: pytest.MonkeyPatch, limits: cgroups.Limits) -> None:
     """Every run's cgroup opened in this test gets `limits` (as `confine.configure` gives a
     worker's); skips where this host's cgroup v2 cannot hold one of them."""
     missing = unenforced(limits)
@@ -122,14 +122,14 @@ result({{}})
             except OSError:
                 continue
     assert alive == []
-    assert not (sandbox.cgroup_base() / str(job.cgroup)).exists()
+    assert not (cgroups.cgroup_base() / str(job.cgroup)).exists()
 
 
 def test_a_fork_bomb_meets_pids_max_and_the_run_fails_naming_it(
     make_job: MakeJob,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with_limits(monkeypatch, sandbox.Limits(pids=64))
+    with_limits(monkeypatch, cgroups.Limits(pids=64))
     job = sandboxed(
         make_job,
         """
@@ -160,7 +160,7 @@ def test_a_memory_hog_is_oom_killed_at_memory_max_and_the_log_says_so(
     make_job: MakeJob,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with_limits(monkeypatch, sandbox.Limits(memory=64 << 20))
+    with_limits(monkeypatch, cgroups.Limits(memory=64 << 20))
     job = sandboxed(
         make_job,
         """
@@ -178,9 +178,9 @@ for _ in range(64):
 
 def test_limits_a_host_cannot_set_are_said_not_raised(tmp_path: Path) -> None:
     # A folder that is no cgroup: nothing can be set, and each limit says why.
-    fake = sandbox.Cgroup(tmp_path / "run")
+    fake = cgroups.Cgroup(tmp_path / "run")
     fake.path.mkdir()
-    fake.apply(sandbox.Limits(pids=100, memory=1 << 30))
+    fake.apply(cgroups.Limits(pids=100, memory=1 << 30))
     assert [line.split(" not set")[0] for line in fake.unenforced] == [
         "pids.max = 100",
         f"memory.max = {1 << 30}",

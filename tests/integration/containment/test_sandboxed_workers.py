@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app import sandbox
 from app.db import Stores
 from app.jobs import service as jobs
+from app.sandbox import cgroups
 from tests.integration.queue.conftest import (  # noqa: F401 - fixtures used by name
     Workers,
     broker_url,
@@ -32,8 +32,8 @@ def confined(workers: Workers) -> Workers:  # noqa: F811 - the fixture
 
 def job_cgroup(job_id: int) -> Path:
     """The job's cgroup, made by the worker process that runs it (`job-<id>.w<pid>`)."""
-    found = sorted(sandbox.cgroup_base().glob(f"job-{job_id}.w*"))
-    return found[0] if found else sandbox.cgroup_base() / f"job-{job_id}.w-none"
+    found = sorted(cgroups.cgroup_base().glob(f"job-{job_id}.w*"))
+    return found[0] if found else cgroups.cgroup_base() / f"job-{job_id}.w-none"
 
 
 def test_sandboxed_jobs_record_it_and_the_next_runs_in_its_parked_sandbox(

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from app import sandbox
+from app.sandbox import cgroups, confined
+from app.sandbox.exceptions import SandboxUnavailable
 from tests.support import alive, wait_for
 from workers.launcher import confine, deathwatch, launch
 from workers.launcher.launch import LaunchSpec
@@ -28,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
-def cgroups() -> None:
+def writable_cgroups() -> None:
     try:
-        sandbox.Cgroup.create(f"probe-{os.getpid()}").remove()
-    except sandbox.SandboxUnavailable as exc:
+        cgroups.Cgroup.create(f"probe-{os.getpid()}").remove()
+    except SandboxUnavailable as exc:
         pytest.skip(f"no writable cgroup v2 here: {exc}")
 
 
@@ -96,7 +97,7 @@ def _worker(tmp_path: Path, venv: Venv, how: str, sandboxed: bool) -> subprocess
 def test_the_job_dies_with_its_worker(
     tmp_path: Path, venv: Venv, how: str, sandboxed: bool, when: str
 ) -> None:
-    if sandboxed and (why := sandbox.check()):
+    if sandboxed and (why := confined.check()):
         pytest.skip(f"no sandbox here: {why}")
     if sandboxed and how == "stub":
         pytest.skip("a sandboxed job takes no exec stub (test_launcher_execstub.py)")
@@ -109,7 +110,7 @@ def test_the_job_dies_with_its_worker(
             assert name.startswith("stub-") and name.endswith(f".w{worker.pid}"), name
         else:
             assert name == f"job-1.w{worker.pid}"
-        cgroup = sandbox.Cgroup(sandbox.cgroup_base() / name)
+        cgroup = cgroups.Cgroup(cgroups.cgroup_base() / name)
         # Placed before it runs anything: the spawned process is in its job's cgroup already.
         assert int(pid) in cgroup.pids()
         if when == "mid-job":
@@ -176,10 +177,10 @@ rt = allocate_runtime(state_dir=state, env={})
 name = confine.job_cgroup_name(3) if owned else f"t-{os.getpid()}"
 job = LaunchSpec(venv=venv, entry="exp", cwd=state / "wt", runtime=rt, spec={},
                  pythonpath=[state / "wt"], base_env=dict(os.environ), cgroup=name)
-from app import sandbox
+from app.sandbox import cgroups
 from workers.launcher import deathwatch
 # The first job would start the death watch (with vfork too): started before the mark.
-deathwatch.ensure(sandbox.cgroup_base(), confine.owner_suffix())
+deathwatch.ensure(cgroups.cgroup_base(), confine.owner_suffix())
 os.write(2, b"SPAWN\\n")
 out = run_job(job, limits=Limits(timeout_s=30, read_result=False))
 assert out.returncode == 0, out.stderr
@@ -292,7 +293,7 @@ def _modules(venv: Venv, code: str) -> list[str]:
 
 
 def test_a_dead_death_watch_is_started_again(tmp_path: Path) -> None:
-    base = sandbox.Cgroup.create(f"watch-{os.getpid()}").path
+    base = cgroups.Cgroup.create(f"watch-{os.getpid()}").path
     base.rmdir()
     base.mkdir()
     try:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app import sandbox
+from app.sandbox import cgroups, confined
+from app.sandbox.exceptions import SandboxUnavailable
 from tests.integration.launcher.conftest import MakeJob
 from tests.support import alive, wait_for
 from workers.launcher import confine, execstub, staging
@@ -25,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
-def cgroups() -> Iterator[None]:
+def writable_cgroups() -> Iterator[None]:
     try:
-        sandbox.Cgroup.create(f"probe-{os.getpid()}").remove()
-    except sandbox.SandboxUnavailable as exc:
+        cgroups.Cgroup.create(f"probe-{os.getpid()}").remove()
+    except SandboxUnavailable as exc:
         pytest.skip(f"no writable cgroup v2 here: {exc}")
     yield
     execstub.discard()
@@ -68,7 +69,7 @@ def test_a_cold_job_runs_in_the_stubs_cgroup_from_its_first_line(make_job: MakeJ
         assert line.endswith(f"/autopilot/{cgroup_path.name}"), line
     assert not cgroup_path.exists()  # the job's cgroup: removed with the job
     # the job's own named cgroup was never made: nothing was moved
-    assert not (sandbox.cgroup_base() / confine.job_cgroup_name(21)).exists()
+    assert not (cgroups.cgroup_base() / confine.job_cgroup_name(21)).exists()
 
 
 ENVIRON = """
@@ -143,7 +144,7 @@ def test_a_dead_stub_falls_back_to_the_placed_start(make_job: MakeJob) -> None:
 
 
 def test_a_sandboxed_job_keeps_its_path_and_leaves_the_stub(make_job: MakeJob) -> None:
-    if why := sandbox.check():
+    if why := confined.check():
         pytest.skip(f"no sandbox here: {why}")
     stub = _waiting()
     job = make_job("pass\n", cgroup=confine.job_cgroup_name(25), sandboxed=True)
@@ -187,7 +188,7 @@ def test_the_stub_dies_with_its_worker() -> None:
         assert worker.stdout is not None
         pid_text, path_text = worker.stdout.readline().split()
         pid, path = int(pid_text), Path(path_text)
-        assert alive(pid) and pid in sandbox.Cgroup(path).pids()
+        assert alive(pid) and pid in cgroups.Cgroup(path).pids()
         assert path.name.endswith(f".w{worker.pid}")
     finally:
         worker.send_signal(signal.SIGKILL)
@@ -199,7 +200,7 @@ def test_the_stub_dies_with_its_worker() -> None:
 def test_the_orphan_sweep_removes_a_dead_workers_stub_cgroup() -> None:
     gone = subprocess.Popen(["/bin/true"])  # noqa: S603 - a pid that no longer runs
     gone.wait()
-    left = sandbox.Cgroup.create(f"stub-1.w{gone.pid}")
+    left = cgroups.Cgroup.create(f"stub-1.w{gone.pid}")
     sleeper = subprocess.Popen(["/bin/sleep", "600"])  # noqa: S603
     try:
         left.add(sleeper.pid)

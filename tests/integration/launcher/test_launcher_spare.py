@@ -52,9 +52,9 @@ with open(os.environ["AUTOPILOT_RESULT"], "w") as f:
 def make_job(request: pytest.FixtureRequest, make_job: MakeJob) -> MakeJob:
     """Every spare test runs unconfined and under the sandbox (in a cgroup of its own)."""
     if request.param:
-        from app import sandbox
+        from app.sandbox import confined
 
-        if why := sandbox.check():
+        if why := confined.check():
             pytest.skip(f"no sandbox here: {why}")
 
     def make(body: str, **kw: Any) -> LaunchSpec:

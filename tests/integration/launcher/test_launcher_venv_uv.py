@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app import sandbox
+from app.sandbox import confined
 from workers.launcher.venv import COMPLETE_MARKER, ensure_venv
 from workers.launcher.venv_build import UV_CACHE_DIR
 
@@ -69,7 +69,7 @@ def run_in(venv: Path, code: str) -> str:
 
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "sandboxed"])
 def test_uv_builds_the_venv_and_records_its_lock(tmp_path: Path, sandboxed: bool) -> None:
-    if sandboxed and (reason := sandbox.check()):
+    if sandboxed and (reason := confined.check()):
         pytest.skip(f"no sandbox here: {reason}")
     state = tmp_path / "state"
     steps: list[str] = []

@@ -12,11 +12,11 @@ import git
 import pytest
 from fastapi.testclient import TestClient
 
-from app import sandbox
 from app.api.main import create_app
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
+from app.sandbox import confined
 from tests.integration.agents import standins
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.support import bearer, wait_for
@@ -115,7 +115,7 @@ def test_claude_code_preset_cycle(workers: Workers, stores: Stores, tmp_path: Pa
     """A full cycle through real workers with the claude-code preset (a stand-in `claude` on
     the control worker's PATH), sandboxed: its key reaches it, the service's settings do not,
     its edit lands on the cycle's branch and its reported tokens on the cycle."""
-    if reason := sandbox.check():
+    if reason := confined.check():
         pytest.skip(f"the sandbox is not available here: {reason}")
     key, ours = f"sk-test-{uuid.uuid4().hex}", f"ours-{uuid.uuid4().hex}"
     bin_dir = tmp_path / "bin"

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from app import broker, sandbox
+from app import broker
 from app.db import Stores
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.projects import config as project_config
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
+from app.sandbox import cgroups
+from app.sandbox.exceptions import SandboxUnavailable
 from tests.integration.queue.conftest import Workers, make_repo
 from tests.support import alive, wait_for
 
@@ -59,15 +61,15 @@ def runs(workers: Workers, job_id: int) -> list[str]:
 
 def has_cgroups() -> bool:
     try:
-        sandbox.Cgroup.create("probe-queue").remove()
-    except sandbox.SandboxUnavailable:
+        cgroups.Cgroup.create("probe-queue").remove()
+    except SandboxUnavailable:
         return False
     return True
 
 
 def stub_cgroups(worker_pid: int) -> list[Path]:
     """The exec stubs' cgroups of a worker (`workers/launcher/execstub.py`)."""
-    return sorted(sandbox.cgroup_base().glob(f"stub-*.w{worker_pid}"))
+    return sorted(cgroups.cgroup_base().glob(f"stub-*.w{worker_pid}"))
 
 
 def test_job_end_to_end(workers: Workers, stores: Stores, tmp_path: Path) -> None:

@@ -20,16 +20,10 @@ from typing import Any
 
 import pytest
 
-from app.sandbox import (
-    BASE_ENV_NAMES,
-    Cgroup,
-    Policy,
-    SandboxTimeout,
-    allow_env,
-    check,
-    run,
-    system_read_only,
-)
+from app.sandbox.bwrap import BASE_ENV_NAMES, Policy, allow_env, system_read_only
+from app.sandbox.cgroups import Cgroup
+from app.sandbox.confined import check, run
+from app.sandbox.exceptions import SandboxTimeout
 from tests.conftest import REQUIRE_SERVICES
 
 UNAVAILABLE = check()

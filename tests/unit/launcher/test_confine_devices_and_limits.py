@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app import sandbox
-from app.sandbox import RunLimits
+from app.sandbox import bwrap, cgroups
+from app.sandbox.cgroups import RunLimits
 from workers.launcher import confine
 
 # A host with four GPUs: what `ls /dev` shows of NVIDIA's and the DRM nodes, among others.
@@ -54,7 +54,7 @@ def bwrap_argv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, visible: str | N
     venv.mkdir(exist_ok=True)
     env = {"PATH": "/usr/bin"} | ({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
     policy = confine.policy(cwd=tmp_path, venv=venv, env=env, network=False)
-    return sandbox.command(["python", "-m", "exp"], policy)
+    return bwrap.command(["python", "-m", "exp"], policy)
 
 
 def dev_binds(argv: list[str]) -> list[str]:
@@ -89,9 +89,9 @@ def test_a_guard_or_setup_without_a_gpu_gets_no_device_node(
 def test_cgroup_limits_from_the_setting() -> None:
     gib = 1 << 30
     default = confine.cgroup_limits(RunLimits(), host_memory=100 * gib)
-    assert default == sandbox.Limits(pids=4096, memory=80 * gib, cpus=None)
+    assert default == cgroups.Limits(pids=4096, memory=80 * gib, cpus=None)
     given = RunLimits(pids=512, memory="3G", cpus=2.5)
-    assert confine.cgroup_limits(given) == sandbox.Limits(pids=512, memory=3 * gib, cpus=2.5)
+    assert confine.cgroup_limits(given) == cgroups.Limits(pids=512, memory=3 * gib, cpus=2.5)
     assert confine.cgroup_limits(RunLimits(memory="max", pids=None)).memory is None
     assert confine.cgroup_limits(RunLimits(memory="1048576")).memory == 1 << 20
     with pytest.raises(ValueError, match="memory"):
@@ -99,24 +99,24 @@ def test_cgroup_limits_from_the_setting() -> None:
 
 
 def test_limits_as_cgroup_interface_files() -> None:
-    files = sandbox.Limits(pids=64, memory=1 << 20, cpus=1.5).files()
+    files = cgroups.Limits(pids=64, memory=1 << 20, cpus=1.5).files()
     assert files == {
         "pids.max": "64",
         "memory.max": "1048576",
         "cpu.max": "150000 100000",
         "memory.oom.group": "1",
     }
-    assert sandbox.Limits().files() == {"pids.max": "max", "memory.max": "max", "cpu.max": "max"}
+    assert cgroups.Limits().files() == {"pids.max": "max", "memory.max": "max", "cpu.max": "max"}
 
 
 def test_a_limit_met_is_read_from_the_cgroups_counters(tmp_path: Path) -> None:
     # The kernel's counters, as cgroup v2 shows them; those from before the run do not count.
-    cgroup = sandbox.Cgroup(tmp_path)
+    cgroup = cgroups.Cgroup(tmp_path)
     for name in ("pids.max", "memory.max", "cpu.max", "memory.oom.group"):
         (tmp_path / name).write_text("")  # written in place, as cgroupfs takes it
     (tmp_path / "pids.events").write_text("max 3\n")
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\n")
-    cgroup.apply(sandbox.Limits(pids=64, memory=1 << 20))
+    cgroup.apply(cgroups.Limits(pids=64, memory=1 << 20))
     assert cgroup.unenforced == []
     assert (tmp_path / "pids.max").read_text() == "64"
     assert cgroup.limit_hit() is None  # a cgroup taken over keeps its old counts

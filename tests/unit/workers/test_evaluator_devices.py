@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app import sandbox
+from app.sandbox import bwrap, confined
 from app.settings import Settings
 from workers import evaluator as evaluator_module
 from workers.arms import program
@@ -27,14 +27,14 @@ def test_the_evaluator_sees_its_runs_gpus_only(
     monkeypatch.setattr(
         confine, "_dev_names", lambda: ["nvidia0", "nvidia1", "nvidia2", "nvidiactl", "dri"]
     )
-    seen: list[sandbox.Policy] = []
-    real_run = sandbox.run
+    seen: list[bwrap.Policy] = []
+    real_run = confined.run
 
-    def recorded(argv: Any, policy: sandbox.Policy, **kwargs: Any) -> int:
+    def recorded(argv: Any, policy: bwrap.Policy, **kwargs: Any) -> int:
         seen.append(policy)  # this host has no such nodes to bind: the run gets none
         return real_run(argv, dataclasses.replace(policy, devices=[]), **kwargs)
 
-    monkeypatch.setattr(evaluator_module.sandbox, "run", recorded)
+    monkeypatch.setattr(evaluator_module.confined, "run", recorded)
     settings = Settings(_env_file=None, state_dir=tmp_path / "state", sandbox="on")  # type: ignore[call-arg]
     tree = tmp_path / "evaluator"
     tree.mkdir()

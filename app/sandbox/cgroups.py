@@ -1,6 +1,5 @@
-"""Confinement for untrusted code (the agent, pip builds, experiments): bubblewrap namespaces
-around each process tree, and one cgroup v2 per run that is killed as a whole.
-"""
+"""One cgroup v2 per run: its limits (processes, memory, CPUs), the limits it met, and its kill:
+everything started in it, however it detaches, dies with it."""
 
 from __future__ import annotations
 
@@ -10,162 +9,17 @@ import functools
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from app.errors import AutopilotError
+from app.sandbox.exceptions import SandboxUnavailable
 
-BWRAP = "/usr/bin/bwrap"
-BASE_ENV_NAMES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 KILL_DEADLINE_S = 5.0
-
-# Only what programs need to resolve names, verify TLS and load libraries: /etc as a whole
-# also holds the deploy env files with the service's secrets.
-_ETC = (
-    "ssl",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "pki",
-    "resolv.conf",
-    "hosts",
-    "host.conf",
-    "nsswitch.conf",
-    "gai.conf",
-    "protocols",
-    "services",
-    "passwd",
-    "group",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "timezone",
-    "alternatives",
-    "mime.types",
-)
-_ROOT = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
-_READ_PLAIN = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class SandboxUnavailable(AutopilotError):
-    status = 503
-    slug = "sandbox-unavailable"
-    title = "Sandbox unavailable"
-
-    def __init__(self, what: str) -> None:
-        super().__init__(
-            f"{what}. AUTOPILOT_SANDBOX=off runs untrusted code unconfined (only on a host "
-            "whose every user you trust)"
-        )
-
-
-class SandboxTimeout(AutopilotError):
-    status = 504
-    slug = "sandbox-timeout"
-    title = "Sandboxed run timed out"
-
-
-@dataclass(frozen=True)
-class Policy:
-    """What one sandboxed process sees. `env` is its complete environment, except HOME (set to
-    `home`, else `cwd`, so the service's home never leaks in) and the PWD bwrap adds."""
-
-    cwd: Path
-    env: Mapping[str, str]
-    read_only: Sequence[Path] = ()
-    writable: Sequence[Path] = ()
-    devices: Sequence[Path] = ()
-    network: bool = False
-    symlinks: Sequence[tuple[str, Path]] = ()
-    hide: Sequence[Path] = ()
-    home: Path | None = None
-
-    def environment(self) -> dict[str, str]:
-        return {**self.env, "HOME": str(self.home or self.cwd)}
-
-
-def allow_env(source: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
-    """The variables of `source` named in `names` (those that are set)."""
-    return {name: source[name] for name in names if name in source}
-
-
-@functools.cache
-def system_read_only() -> tuple[Path, ...]:
-    """What every sandbox may read: the OS, a minimal /etc and the interpreter's base install
-    (a venv's python needs it). Looked up once a process: a GPU worker builds a sandbox for
-    every job and preflight, and these paths do not come and go under it."""
-    paths = [Path("/", name) for name in _ROOT] + [Path("/etc", name) for name in _ETC]
-    # Both spellings: a venv's python may link through a symlinked prefix (pyenv's 3.11 -> 3.11.7).
-    for base in dict.fromkeys((Path(sys.base_prefix), Path(sys.base_prefix).resolve())):
-        if not base.is_relative_to("/usr"):
-            paths.append(base)
-    return tuple(p for p in paths if p.exists() or p.is_symlink())
-
-
-@functools.cache
-def _system_mounts() -> tuple[tuple[str, ...], tuple[Path, ...]]:
-    """bwrap's `--symlink` options for the merged-/usr links at the root, and the rest of
-    `system_read_only` to bind read-only."""
-    links: list[str] = []
-    binds: list[Path] = []
-    for path in system_read_only():
-        if path.is_symlink() and path.parent == Path("/"):
-            links += ["--symlink", os.readlink(path), str(path)]  # merged /usr: /bin -> usr/bin
-        else:
-            binds.append(path)
-    return tuple(links), tuple(binds)
-
-
-def command(argv: Sequence[str], policy: Policy, *, env_fd: int | None = None) -> list[str]:
-    """The bwrap command line that runs `argv` under `policy`. With `env_fd` the environment is
-    not on the command line: bwrap reads its `--setenv` options from that fd (`env_args`)."""
-    args = [BWRAP, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    args += ["--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
-    # We run as root: without this the sandbox keeps every capability in its user namespace
-    # and can simply remount a read-only bind read-write.
-    args += ["--cap-drop", "ALL"]
-    if not policy.network:
-        args.append("--unshare-net")
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
-    links, system = _system_mounts()
-    args += links
-    binds: list[tuple[str, Path]] = [("--ro-bind-try", path) for path in system]
-    binds += [("--ro-bind-try", p) for p in policy.read_only]
-    binds += [("--bind", p) for p in policy.writable]
-    # Parents before children, so a read-only subdir of a writable dir stays read-only.
-    for flag, path in sorted(binds, key=lambda bind: len(bind[1].parts)):
-        args += [flag, str(path), str(path)]
-    for device in policy.devices:
-        args += ["--dev-bind-try", str(device), str(device)]
-    for hidden in policy.hide:
-        args += ["--tmpfs", str(hidden)]
-    for target, link in policy.symlinks:
-        args += ["--symlink", target, str(link)]
-    # The scratch root too, so only the writable dirs and /tmp take writes.
-    args += ["--remount-ro", "/"]
-    if env_fd is None:
-        for name, value in policy.environment().items():
-            args += ["--setenv", name, value]
-    else:
-        args += ["--args", str(env_fd)]
-    return [*args, "--chdir", str(policy.cwd), "--", *argv]
-
-
-def env_args(policy: Policy) -> int:
-    """A memory-only fd holding the `--setenv` options of `policy`, NUL-separated, for bwrap's
-    `--args`: an agent's API key is then never on a command line another host user can read."""
-    fd = os.memfd_create("bwrap-env", os.MFD_CLOEXEC)
-    for name, value in policy.environment().items():
-        os.write(fd, b"".join(f"{part}\0".encode() for part in ("--setenv", name, value)))
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
 
 
 def cgroup_base() -> Path:
@@ -421,96 +275,3 @@ def _words(path: Path) -> list[str]:
         return path.read_text().split()
     except OSError:
         return []
-
-
-@functools.cache
-def check() -> str | None:
-    """None when sandboxes work here; else one line saying what is missing."""
-    if not os.access(BWRAP, os.X_OK):
-        return (
-            f"bubblewrap is not installed ({BWRAP}): `make install` or `apt-get install bubblewrap`"
-        )
-    probe = command(["/usr/bin/true"], Policy(cwd=Path("/"), env={}))
-    try:
-        done = subprocess.run(probe, env={}, capture_output=True, text=True, timeout=30)  # noqa: S603
-    except subprocess.TimeoutExpired:
-        return "bwrap did not finish /usr/bin/true within 30 s"
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        return f"bwrap cannot create its namespaces (user namespaces refused?): {why}"
-    try:
-        Cgroup.create(f"check-{os.getpid()}").remove()
-    except SandboxUnavailable as exc:
-        return str(exc).partition(". AUTOPILOT_SANDBOX")[0]
-    return None
-
-
-def run(
-    argv: Sequence[str],
-    policy: Policy,
-    *,
-    name: str,
-    timeout_s: float,
-    log_path: Path,
-    sandbox: bool = True,
-    stdin: Path | None = None,
-) -> int:
-    """Run `argv` to completion in its own cgroup, confined by `policy` unless `sandbox` is
-    False; output to `log_path`, its stdin the file `stdin` (else /dev/null). Nothing it
-    started outlives the call."""
-    if sandbox and (reason := check()):
-        raise SandboxUnavailable(reason)
-    cgroup: Cgroup | None = None
-    try:
-        cgroup = Cgroup.create(name)
-    except SandboxUnavailable:
-        if sandbox:
-            raise
-    env_fd: int | None = None
-    if sandbox:
-        # bwrap gets an empty environment: --clearenv hides it from the child but not from
-        # /proc/1/environ inside the sandbox, which shows bwrap's own initial environment.
-        env_fd = env_args(policy)
-        args, env, cwd = command(argv, policy, env_fd=env_fd), {}, None
-    else:
-        args, env, cwd = list(argv), policy.environment(), policy.cwd
-    try:
-        # Never through a link a sandboxed run could have planted where its log goes.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        with contextlib.ExitStack() as files:
-            log = files.enter_context(os.fdopen(os.open(log_path, flags, 0o600), "ab"))
-            feed = (
-                files.enter_context(os.fdopen(os.open(stdin, _READ_PLAIN), "rb"))
-                if stdin is not None
-                else subprocess.DEVNULL
-            )
-            proc = subprocess.Popen(  # noqa: S603
-                args,
-                env=env,
-                cwd=cwd,
-                stdin=feed,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=() if env_fd is None else (env_fd,),
-                preexec_fn=cgroup.preexec() if cgroup else None,  # noqa: PLW1509
-            )
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise SandboxTimeout(
-                f"{argv[0]} ran past its time limit of {timeout_s:g} s and was killed; "
-                f"its output is in {log_path}"
-            ) from None
-        finally:
-            if cgroup is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                cgroup.kill()
-            proc.wait()
-    finally:
-        if env_fd is not None:
-            os.close(env_fd)
-        if cgroup is not None:
-            cgroup.remove()
