@@ -353,9 +353,13 @@ class QueueSettings(BaseModel):
         "what setup wrote in them) before its worker removes them; logs and results stay.",
     )
 
-    # A job of several GPUs this close behind the one a worker would take, fitting its host
-    # now, goes first (0: line order); app/jobs/gangs.py, Line.gang_ahead.
-    gang_window: int = Field(default=8, ge=0, le=1000)
+    gang_window: int = Field(
+        default=8,
+        ge=0,
+        le=1000,
+        description="A job of several GPUs this close behind the one a worker would take, fitting "
+        "its host now, goes first (0: line order); app/jobs/gangs.py, Line.gang_ahead.",
+    )
     reaper_interval_s: float = Field(default=10.0, gt=0)
 
     doorbell_stale_s: float = Field(
@@ -383,11 +387,15 @@ class QueueSettings(BaseModel):
         "key left out keeps its default (app/sandbox/cgroups.py, RunLimits).",
     )
 
-    # Experiments: venvs reuse the service's site-packages (its torch) when true; for tests/demo.
-    venv_system_site_packages: bool = False
+    venv_system_site_packages: bool = Field(
+        default=False,
+        description="Experiments' venvs reuse the service's site-packages (its torch) when true; "
+        "for tests and the demo.",
+    )
 
-    # Where project venvs are built; default: the state dir.
-    venv_root: Path | None = None
+    venv_root: Path | None = Field(
+        default=None, description="Where project venvs are built; default: the state dir."
+    )
 
 
 class CycleSettings(BaseModel):
