@@ -58,15 +58,16 @@ browser:
 
 # The suite runs on parallel workers (pytest-xdist): most of its time is spent waiting on real
 # worker processes, so more workers than cores pays. Each xdist worker has its own Redis
-# database and migrated-schema templates (tests/conftest.py).
+# database and migrated-schema templates; tests marked `timing` run one after another on one
+# worker (loadgroup), see tests/conftest.py.
 PYTEST_WORKERS ?= 4
 pytest: install browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal --durations=40
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=40
 
 # Line coverage of app/ and workers/ (in the test processes; workers started as subprocesses are
 # not traced), the figure a change must not lower.
 coverage: install browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup \
 	  --cov=app --cov=workers --cov-report=term:skip-covered --cov-report=json:coverage.json
 
 test: check pytest

@@ -46,6 +46,19 @@ def pytest_configure(config: pytest.Config) -> None:
         "stores(*names): the stacks a test of the `backend` fixture runs on (default: sqlite; "
         "name postgres where PostgreSQL's semantics matter: locks, SKIP LOCKED, concurrency)",
     )
+    config.addinivalue_line(
+        "markers", "timing: a verdict on measured speed; such tests run one at a time"
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests whose verdict rests on measured speed run one after another on one xdist worker
+    (`--dist loadgroup`): two of them at once, each with its fleet of workers, drown the
+    effects they measure in the noise of a 2-core machine."""
+    for item in items:
+        if item.get_closest_marker("timing") is not None:
+            item.add_marker(pytest.mark.xdist_group("timing"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

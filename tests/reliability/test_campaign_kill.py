@@ -30,6 +30,9 @@ from tests.integration.queue.conftest import Workers
 from tests.reliability.conftest import production_variant_only, variant
 from tests.support import alive, bearer, wait_for
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 pytestmark = [
     pytest.mark.reliability,
     pytest.mark.stores("sqlite", "postgres"),

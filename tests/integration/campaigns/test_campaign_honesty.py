@@ -23,6 +23,9 @@ from tests.integration.campaigns.test_campaign_line import follow
 from tests.integration.queue.conftest import Workers
 from tests.support import bearer
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 CONFIG = """
 [project]
 name = "{name}"

@@ -26,6 +26,9 @@ from tests.conftest import Backend
 from tests.integration.queue.conftest import Workers
 from tests.support import bearer, wait_for
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 CONFIG = """
 [project]
 name = "{name}"

@@ -22,6 +22,9 @@ from tests.integration.queue.conftest import Workers
 from tests.reliability.test_campaign_kill import AGENT
 from tests.support import bearer, wait_for
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 
 def test_a_stopped_campaign_ends_with_its_pull_request(
     workers: Workers, stores: Stores, tmp_path: Path, backend: Backend

@@ -27,6 +27,9 @@ from tests.integration.cli.test_remote import autopilot, one_line_error
 from tests.integration.dashboard.test_campaign_pages import START, TIP, build_campaign, doorbells
 from tests.support import served
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 
 @pytest.fixture
 def local(settings: Settings, stores: Stores, tmp_path: Path) -> dict[str, str]:

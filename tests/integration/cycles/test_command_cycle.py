@@ -25,6 +25,9 @@ from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers
 from tests.support import bearer, committed_repo, wait_for
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 TINY_TRAIN = Path(__file__).resolve().parents[3] / "experiments" / "projects" / "tiny_train"
 
 # A lab's benchmark script as it already is: it knows nothing of the service.

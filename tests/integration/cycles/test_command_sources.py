@@ -33,6 +33,9 @@ from tests.integration.queue.conftest import Workers
 from tests.integration.queue.test_workers import finished
 from tests.support import wait_for
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 TINY_TRAIN = Path(__file__).resolve().parents[3] / "experiments" / "projects" / "tiny_train"
 CHEAT = "time 0.000001ms"  # what a cheating candidate prints: far below any honest step time
 

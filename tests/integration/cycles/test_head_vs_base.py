@@ -20,6 +20,9 @@ from tests.integration.cycles.test_command_cycle import committed, run_cycle
 from tests.integration.queue.conftest import Workers
 from tests.support import committed_repo
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 CONFIG = """
 [project]
 name = "{name}"

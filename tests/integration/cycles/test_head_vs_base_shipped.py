@@ -20,6 +20,9 @@ from app.jobs.models import Job
 from tests.integration.cycles.test_command_cycle import committed, run_cycle
 from tests.integration.queue.conftest import Workers
 
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
+
 SHIPPED = Path(__file__).resolve().parents[3] / "experiments" / "projects" / "complex_contraction"
 
 # The agent makes `gauss` (the headline variant) do its whole contraction three times.

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import git
+import pytest
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
@@ -20,6 +21,9 @@ from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
 from tests.integration.queue.conftest import Workers
 from tests.support import bearer, wait_for
+
+# A verdict on measured speed: one at a time (tests/conftest.py, `timing`).
+pytestmark = pytest.mark.timing
 
 CONFIG = """
 [project]
