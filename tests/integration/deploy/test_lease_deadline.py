@@ -25,6 +25,9 @@ from workers.gpu.reservation import Reservation
 from workers.gpu.tickets import Ticket, WorkerIdentity
 from workers.lease_gate import LeaseGate, PastDeadline, parse_deadline
 
+# Both stacks: the lease gate rolls the lease's transaction back.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 
 class Outbox:
     def put(self, job_id: int, worker: str) -> None:

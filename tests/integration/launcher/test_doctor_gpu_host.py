@@ -23,6 +23,9 @@ from tests.conftest import REDIS_URL
 from tests.support import free_port, served
 from workers.launcher.cli import doctor_app
 
+# Both stacks: a GPU host's doctor reaches the production ops DB.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 runner = CliRunner()
 SECRET = "ghp_not-for-gpu-hosts-7f3a91"
 

@@ -26,6 +26,9 @@ from tests.integration.queue.test_jobs_service import (
 )
 from workers.gpu.claims import Claims
 
+# Both stacks: reservations and takeovers are conditional updates that race.
+pytestmark = pytest.mark.stores("sqlite", "postgres")
+
 
 def reserve(
     stores: Stores, settings: Settings, worker: str = "w1", after_s: float = 0.0
