@@ -302,7 +302,7 @@ def _guard(
         )
         if settings.sandbox == "on"
         else None,
-        cgroup=f"guard-{job_id}",
+        cgroup=f"guard-{job_id}{confine.owner_suffix()}",  # one per worker, as a job's
         worktree_commit=source.head_sha,  # None for a job without one: its tree's path counts
     )
     if not report.ok:

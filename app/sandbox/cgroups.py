@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import os
 import re
 import signal
@@ -20,6 +21,14 @@ from app.sandbox.exceptions import SandboxUnavailable
 
 KILL_DEADLINE_S = 5.0
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def of_deployment(name: str, state_dir: Path) -> str:
+    """`name` for a cgroup of this deployment's runs (named for its state dir): two services on
+    one host, each with a cycle or job of the same id, never share (and so never kill) one
+    another's run's cgroup; a retry within the deployment still takes its crashed run's over."""
+    digest = hashlib.sha256(str(state_dir.absolute()).encode()).hexdigest()[:8]
+    return f"{name}.d{digest}"
 
 
 def cgroup_base() -> Path:

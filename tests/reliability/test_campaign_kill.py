@@ -71,8 +71,11 @@ def test_a_campaign_survives_sigkills_of_its_control_and_gpu_workers(
     settings = workers.settings
     repo = campaign_repo(tmp_path, "line-kill")
     (repo / "agent.py").write_text(AGENT)
+    # Long enough that each step's speed-up stands clear of a loaded machine's noise (at 0.5 s
+    # a step was once judged inconclusive and not kept, with the suite's other workers busy).
+    (repo / "speed.py").write_text("DELAY = 1.0000\n")
     checkout = git.Repo(repo)
-    checkout.index.add(["agent.py"])
+    checkout.index.add(["agent.py", "speed.py"])
     actor = git.Actor("t", "t@example.invalid")
     checkout.index.commit("agent: always faster", author=actor, committer=actor)
     with stores.ops_session() as session:

@@ -36,6 +36,7 @@ from app.jobs import budgets
 from app.memory import service as memory
 from app.projects.config import ProjectConfig
 from app.projects.models import Project
+from app.sandbox import cgroups
 
 
 @dataclass(frozen=True)
@@ -330,15 +331,16 @@ class ByAgent(Proposer):
         space = Workspace(plan.settings.state_dir.absolute() / "cycles" / str(cycle_id) / "agent")
         author = (plan.settings.git_author_name, plan.settings.git_author_email)
         hidden = tuple(config.project.hidden)
+        run_name = cgroups.of_deployment(f"agent-{cycle_id}", plan.settings.state_dir)
         if name == "llm":
-            model = LLMAgent.from_settings(plan.settings, config.agent, space, f"agent-{cycle_id}")
+            model = LLMAgent.from_settings(plan.settings, config.agent, space, run_name)
             return _CheckedCommandAgent(model, git, branch, author, "llm", hidden)
         return _CheckedCommandAgent(
             agents.CommandAgent(
                 argv=list(config.agent.command),
                 workspace=space,
                 time_limit_s=config.agent.time_limit_s,
-                run_name=f"agent-{cycle_id}",
+                run_name=run_name,
                 sandboxed=plan.settings.sandbox == "on",
                 preset=config.agent.preset,
                 max_turns=config.agent.max_turns,

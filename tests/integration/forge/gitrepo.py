@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -144,5 +145,10 @@ def agent_change(
         git(space.repo, "add", "-A")
         git(space.repo, "commit", "-qm", "agent")
     return workspace.pack(
-        space, branch.base_sha, name="t-pack", author=("a", "a@b"), message="m", enabled=False
+        space,
+        branch.base_sha,
+        name=f"t-pack-{os.getpid()}",
+        author=("a", "a@b"),
+        message="m",
+        enabled=False,
     )

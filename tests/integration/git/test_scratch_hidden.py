@@ -3,6 +3,7 @@ and the agent's work comes back on the real base with them in place."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -58,7 +59,12 @@ def test_the_clone_holds_no_hidden_file_or_object_and_the_work_returns_on_the_ba
 
     (space.repo / "src" / "kernel.py").write_text("def kernel(x):\n    return 3 * x\n")
     bundle = workspace.pack(
-        space, start, name="t", author=("a", "a@b"), message="Triple it", enabled=False
+        space,
+        start,
+        name=f"t-{os.getpid()}",
+        author=("a", "a@b"),
+        message="Triple it",
+        enabled=False,
     )
     head = work.take_agent_work(br, bundle, HIDDEN)
 
@@ -81,7 +87,9 @@ def test_a_file_planted_under_a_hidden_path_is_refused(
     start = work.scratch_clone(br, space.repo, HIDDEN)
     (space.repo / "holdout").mkdir()
     (space.repo / "holdout" / "labels.json").write_text('["what the agent wants"]\n')
-    bundle = workspace.pack(space, start, name="t", author=("a", "a@b"), message="m", enabled=False)
+    bundle = workspace.pack(
+        space, start, name=f"t-{os.getpid()}", author=("a", "a@b"), message="m", enabled=False
+    )
     with pytest.raises(AgentWorkRefused, match="holdout/labels.json"):
         work.take_agent_work(br, bundle, HIDDEN)
     assert work.tip(br) == br.base_sha
@@ -94,6 +102,8 @@ def test_no_change_leaves_the_branch_at_its_base(
     space = Workspace(tmp_path / "agent-none")
     space.reset()
     start = work.scratch_clone(br, space.repo, HIDDEN)
-    bundle = workspace.pack(space, start, name="t", author=("a", "a@b"), message="m", enabled=False)
+    bundle = workspace.pack(
+        space, start, name=f"t-{os.getpid()}", author=("a", "a@b"), message="m", enabled=False
+    )
     assert bundle is None
     assert work.take_agent_work(br, bundle, HIDDEN) == br.base_sha

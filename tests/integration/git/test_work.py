@@ -4,6 +4,7 @@ objects, pushes, a moving base, bad input."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -139,7 +140,7 @@ def test_protected_path_turned_into_a_symlink_is_refused(
     judge.unlink()
     judge.symlink_to("lenient.py")  # points down: only the protected check can refuse it
     bundle = workspace.pack(
-        space, br.base_sha, name="t", author=("a", "a@b"), message="m", enabled=False
+        space, br.base_sha, name=f"t-{os.getpid()}", author=("a", "a@b"), message="m", enabled=False
     )
     with pytest.raises(ProtectedPathChanged, match="experiments/harness/judge.py"):
         work.take_agent_work(br, bundle)
@@ -278,7 +279,7 @@ def test_links_that_climb_are_refused_even_in_a_chain(
     (space.repo / "d1" / "d2" / "l1").symlink_to("../..")
     (space.repo / "l2").symlink_to("d1/d2/l1/../../../../etc/passwd")
     bundle = workspace.pack(
-        space, br.base_sha, name="t", author=("a", "a@b"), message="m", enabled=False
+        space, br.base_sha, name=f"t-{os.getpid()}", author=("a", "a@b"), message="m", enabled=False
     )
     with pytest.raises(AgentWorkRefused) as caught:
         work.take_agent_work(br, bundle)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def runs(workers: Workers, job_id: int) -> list[str]:
 
 def has_cgroups() -> bool:
     try:
-        cgroups.Cgroup.create("probe-queue").remove()
+        cgroups.Cgroup.create(f"probe-queue-{os.getpid()}").remove()
     except SandboxUnavailable:
         return False
     return True
