@@ -59,10 +59,11 @@ browser:
 # The suite runs on parallel workers (pytest-xdist): most of its time is spent waiting on real
 # worker processes, so more workers than cores pays. Each xdist worker has its own Redis
 # database and migrated-schema templates; tests marked `timing` run one after another on one
-# worker (loadgroup), see tests/conftest.py.
+# worker (loadgroup), and those marked `quiet` run alone afterwards; see tests/conftest.py.
 PYTEST_WORKERS ?= 4
 pytest: install browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=40
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadgroup --durations=40 -m "not quiet"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m quiet
 
 # Line coverage of app/ and workers/ (in the test processes; workers started as subprocesses are
 # not traced), the figure a change must not lower.

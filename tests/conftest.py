@@ -49,6 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "timing: a verdict on measured speed; such tests run one at a time"
     )
+    config.addinivalue_line(
+        "markers",
+        "quiet: a measurement that needs the machine to itself: `make test` runs these alone, "
+        "after the parallel run",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

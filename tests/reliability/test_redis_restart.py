@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,9 +20,9 @@ from app.api.main import create_app
 from app.db import Stores
 from app.projects import service as ops
 from app.projects.schemas import ProjectCreate
-from tests.conftest import Backend
+from tests.conftest import Backend, need_postgres
 from tests.integration.queue.conftest import Workers, make_repo
-from tests.reliability.conftest import finished, job, need_tools
+from tests.reliability.conftest import finished, free_port, job, need_tools
 from tests.support import bearer, wait_for
 
 pytestmark = [
@@ -30,49 +31,69 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 
-PORT = 6379
-# Exactly how the machine's (CI's) Redis was started: restarted the same way.
-REDIS_START = [
-    "redis-server",
-    "--daemonize",
-    "yes",
-    "--bind",
-    "127.0.0.1",
-    "-::1",
-    "--port",
-    str(PORT),
-    "--save",
-    "",
-    "--appendonly",
-    "no",
-    "--dir",
-    "/var/lib/redis",
-    "--logfile",
-    "/var/log/redis/ci.log",
-]
+
+def redis_start(port: int, folder: Path) -> list[str]:
+    """A Redis of this test's own on `port` (the machine's serves every other test at once),
+    started as CI starts its own: no persistence, so a restart loses what it held."""
+    return [
+        "redis-server",
+        "--daemonize",
+        "yes",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(folder),
+        "--pidfile",
+        str(folder / "redis.pid"),
+        "--logfile",
+        str(folder / "redis.log"),
+    ]
 
 
-def ping() -> bool:
+def ping(port: int) -> bool:
     try:
         done = subprocess.run(
-            ["redis-cli", "-p", str(PORT), "ping"], capture_output=True, text=True, timeout=5
+            ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True, timeout=5
         )
     except subprocess.TimeoutExpired:
         return False
     return done.stdout.strip() == "PONG"
 
 
-def stop_redis() -> None:
+def stop_redis(port: int) -> None:
     subprocess.run(
-        ["redis-cli", "-p", str(PORT), "shutdown", "nosave"], capture_output=True, timeout=10
+        ["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=10
     )
-    wait_for(lambda: not ping(), timeout=15)
+    wait_for(lambda: not ping(port), timeout=15)
 
 
-def start_redis() -> None:
-    if not ping():
-        subprocess.run(REDIS_START, capture_output=True, timeout=30, check=False)
-    wait_for(ping, timeout=30, interval=0.1)
+def start_redis(port: int, folder: Path) -> None:
+    if not ping(port):
+        subprocess.run(redis_start(port, folder), capture_output=True, timeout=30, check=False)
+    wait_for(lambda: ping(port), timeout=30, interval=0.1)
+
+
+@pytest.fixture
+def broker_url(backend: Backend, tmp_path: Path) -> Iterator[str]:
+    """The workers' broker: on PostgreSQL, a Redis this test may restart."""
+    if backend.name == "sqlite":
+        yield "filesystem://"
+        return
+    need_postgres()
+    need_tools("redis-cli", "redis-server")
+    port, folder = free_port(), tmp_path / "redis"
+    folder.mkdir()
+    start_redis(port, folder)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        stop_redis(port)
 
 
 def test_redis_restart_mid_cycle_completes(
@@ -81,10 +102,8 @@ def test_redis_restart_mid_cycle_completes(
     settings = workers.settings
     if not settings.broker_url.startswith(("redis://", "rediss://")):
         pytest.skip("Redis variant only: the filesystem broker has no server to restart")
-    need_tools("redis-cli", "redis-server")
-    url = urlsplit(settings.broker_url)
-    if url.hostname not in ("127.0.0.1", "localhost") or (url.port or 6379) != PORT:
-        pytest.skip(f"restarts only the machine's Redis on 127.0.0.1:{PORT}, not {url.hostname}")
+    port = urlsplit(settings.broker_url).port or 6379
+    folder = tmp_path / "redis"
     repo = make_repo(tmp_path, "probe-redis")
     with stores.ops_session() as session:
         ops.create_project(session, ProjectCreate(name=repo.name, repo_url=str(repo)))
@@ -119,7 +138,7 @@ def test_redis_restart_mid_cycle_completes(
 
         outage_began = time.monotonic()
         try:
-            stop_redis()
+            stop_redis(port)
             ready = client.get("/readyz")
             assert ready.status_code == 503, ready.text
             assert ready.headers["content-type"].startswith("application/problem+json")
@@ -133,7 +152,7 @@ def test_redis_restart_mid_cycle_completes(
                 lambda: "advance doorbell not sent" in workers.logs(), timeout=60, interval=0.2
             )
         finally:
-            start_redis()  # always: the machine's Redis must be left running
+            start_redis(port, folder)  # always: stopped by its fixture
         down_s = time.monotonic() - outage_began
         restarted = time.monotonic()
 

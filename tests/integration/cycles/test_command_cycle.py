@@ -162,6 +162,9 @@ def tiny_train_repo(root: Path) -> Path:
     return repo_dir
 
 
+# Its effect (a width on a tiny CPU training) is small beside a process's start on a machine
+# the other xdist workers load: it ran inconclusive there in 3 of 4 suites. It runs alone.
+@pytest.mark.quiet
 def test_a_parameter_that_doubles_the_work_is_judged_slower(
     workers: Workers, stores: Stores, tmp_path: Path, backend: Any
 ) -> None:
